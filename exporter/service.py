@@ -1,0 +1,100 @@
+"""The exporter's state: the last good node topology, rendered into a snapshot on every change."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from exporter import dcgm
+from exporter.server import Published, Snapshot
+from exporter.source import missing_node, node_of, parse_topology_document
+from topology.errors import TopologyError
+from topology.model import NodeTopology, Topology
+
+log = logging.getLogger("exporter")
+
+
+class Exporter:
+    """Feeds topology updates in, publishes rendered `/metrics` bytes out.
+
+    A bad update never replaces the last good node: it only turns `/health` to 503 with the reason.
+    """
+
+    def __init__(
+        self,
+        node_name: str,
+        options: dcgm.Options,
+        published: Published,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node_name = node_name
+        self.options = options
+        self.published = published
+        self.clock = clock
+        self.wake = threading.Event()
+        self._node: NodeTopology | None = None
+        self._problem: str | None = "no topology yet"
+
+    def update(self, topology: Topology, obj: str) -> None:
+        try:
+            node = node_of(topology, self.node_name, obj)
+        except TopologyError as e:
+            self._set_problem(f"{e}; serving the last good topology")
+        else:
+            self._node = node
+            self._set_problem(None if node else str(missing_node(topology, self.node_name, obj)))
+        self.wake.set()
+
+    def problem(self, reason: str) -> None:
+        """The source is unusable (missing, invalid, unreachable): keep serving, report unhealthy."""
+        self._set_problem(reason)
+        self.wake.set()
+
+    def _set_problem(self, reason: str | None) -> None:
+        if reason != self._problem:
+            if reason:
+                log.warning("%s", reason)
+            elif self._problem:
+                log.info("topology for node %s is good", self.node_name)
+        self._problem = reason
+
+    def snapshot(self) -> Snapshot:
+        body = dcgm.render(self._node, self.options, self.clock())
+        return Snapshot(body, self._problem is None, self._problem or "ok")
+
+    def run(self, stop: threading.Event) -> None:
+        """Render on every change, and each utilization step since simulated values move in time."""
+        while not stop.is_set():
+            self.wake.clear()
+            self.published.publish(self.snapshot())
+            self.wake.wait(dcgm.UTILIZATION_STEP_S)
+
+
+def read_topology_file(path: Path) -> Topology:
+    obj = f"topology file {path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TopologyError(obj, "topology", f"cannot be read: {e.strerror if isinstance(e, OSError) else e}") from None
+    return parse_topology_document(text, obj)
+
+
+def follow_file(path: Path, exporter: Exporter, stop: threading.Event, interval: float = 1.0) -> None:
+    """Reload when the file changes: a ConfigMap mounted as a volume is updated in place."""
+    seen: tuple[float, int] | None = None
+    while not stop.is_set():
+        try:
+            st = path.stat()
+            current: tuple[float, int] | None = (st.st_mtime, st.st_size)
+        except OSError:
+            current = None
+        if current != seen:
+            seen = current
+            try:
+                exporter.update(read_topology_file(path), f"topology file {path}")
+            except TopologyError as e:
+                exporter.problem(str(e))
+        stop.wait(interval)

@@ -1,0 +1,5 @@
+import sys
+
+from status_updater.cli import main
+
+sys.exit(main())

@@ -1,0 +1,333 @@
+"""MIG profile catalog: what each GPU model can be partitioned into.
+
+Facts come from `shared/reference/mig-profiles.md` (NVIDIA MIG user guide, `nvidia-smi mig -lgip/-lgipp`
+dumps, GFD labels from real nodes). Profile geometry is stable per GPU family; memory in MiB depends
+on the driver, so every model states the driver era its numbers are for. Values marked "inferred"
+in a comment were not observed on hardware.
+
+Pure data and pure functions: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MIG_SUFFIX = "-MIG-"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One GPU-instance profile, e.g. A100-40GB `1g.5gb`."""
+
+    name: str
+    profile_id: int  # the id `nvidia-smi mig -lgip` prints, not the NVML enum
+    compute_slices: int
+    memory_slices: int
+    placements: tuple[int, ...]  # valid start memory slices, as `nvidia-smi mig -lgipp` prints
+    max_count: int
+    memory_mib: int  # NVML MemorySizeMB of a MIG device with this profile
+    # FB_USED + FB_FREE as DCGM reports it for an instance; differs from memory_mib where a real
+    # dump shows DCGM losing a MiB to rounding (A100-40GB 2g.10gb: 9855 of 9856).
+    dcgm_fb_total_mib: int | None = None
+
+    @property
+    def fb_total_mib(self) -> int:
+        return self.memory_mib if self.dcgm_fb_total_mib is None else self.dcgm_fb_total_mib
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """A GPU model and its MIG geometry."""
+
+    key: str
+    nvml_names: tuple[str, ...]  # NVML `Identifiers.Model`: what DCGM puts in `modelName`
+    memory_slots: int  # memory slices of the whole GPU: 8, or 4 on the A30
+    total_memory_mib: int  # nvidia-smi total, GFD `nvidia.com/gpu.memory`
+    driver_era: str  # the driver the MiB numbers are for
+    profiles: tuple[Profile, ...]
+    # FB_USED + FB_FREE of a whole idle GPU in DCGM (total minus FB_RESERVED), where observed.
+    dcgm_fb_total_mib: int | None = None
+    # Halves swapped: logical start = physical start XOR 4. A per-GPU property; the project's
+    # A100-SXM4-40GB sample has it, most H100-class dumps do not (mig-profiles.md section 3).
+    swapped_halves: bool = False
+    _by_name: dict[str, Profile] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        self._by_name.update({p.name: p for p in self.profiles})
+
+    @property
+    def product_labels(self) -> tuple[str, ...]:
+        """GFD writes the NVML name with blanks replaced by dashes into `nvidia.com/gpu.product`."""
+        return tuple(name.replace(" ", "-") for name in self.nvml_names)
+
+    @property
+    def fb_total_mib(self) -> int:
+        return self.total_memory_mib if self.dcgm_fb_total_mib is None else self.dcgm_fb_total_mib
+
+    def profile(self, name: str) -> Profile | None:
+        return self._by_name.get(name)
+
+    def gpu_instance_id(self, profile: Profile, position: int) -> int:
+        """The GI id the driver gives an instance at `position` (the `GPU_I_ID` label).
+
+        GI ids number the nodes of a binary tree over the physical memory slices:
+        `GI = (slots/size - 1) + phys_start/size`.
+        """
+        size = profile.memory_slices
+        physical = position ^ (self.memory_slots // 2) if self.swapped_halves else position
+        # A block spanning both halves (7g) is the same block either way.
+        if size > self.memory_slots // 2:
+            physical = position
+        return (self.memory_slots // size - 1) + physical // size
+
+
+def _p(
+    name: str,
+    profile_id: int,
+    compute: int,
+    mem_slices: int,
+    memory_mib: int,
+    *,
+    slots: int = 8,
+    dcgm_fb_total_mib: int | None = None,
+) -> Profile:
+    """A profile with the standard placement pattern of an 8-slot (or 4-slot) GPU."""
+    plus_me = name.endswith("+me")
+    if mem_slices == slots:
+        placements: tuple[int, ...] = (0,)
+    elif slots == 8 and mem_slices == 4:
+        placements = (0,) if compute == 4 else (0, 4)
+    elif slots == 8 and mem_slices == 2:
+        # 2g uses 0,2,4; the 1-compute-slice profile with two memory slices also fits at 6.
+        placements = (0, 2, 4, 6) if compute == 1 else (0, 2, 4)
+    elif slots == 8:
+        placements = tuple(range(7))  # slot 7 has no compute slice of its own
+    elif mem_slices == 2:
+        placements = (0, 2)
+    else:
+        placements = tuple(range(slots))
+    if plus_me:
+        max_count = 1
+    elif slots == 8:
+        max_count = {1: 7, 2: 4 if compute == 1 else 3, 4: 2 if compute == 3 else 1, 8: 1}[
+            mem_slices
+        ]
+    else:
+        max_count = slots // mem_slices
+    return Profile(
+        name, profile_id, compute, mem_slices, placements, max_count, memory_mib, dcgm_fb_total_mib
+    )
+
+
+def _eight_slot(
+    small: str,
+    small_mib: int,
+    two: str,
+    two_mib: int,
+    half: str,
+    half_mib: int,
+    full: str,
+    full_mib: int,
+    *,
+    two_slice_1g: str | None = None,
+    two_slice_1g_mib: int | None = None,
+    dcgm: dict[str, int] | None = None,
+) -> tuple[Profile, ...]:
+    """The profile set every 8-slot GPU (A100, H100, H200, B200) offers, named per model."""
+    dcgm = dcgm or {}
+    size_gb = small.split(".", 1)[1]
+    profiles = [
+        _p(small, 19, 1, 1, small_mib, dcgm_fb_total_mib=dcgm.get(small)),
+        _p(f"1g.{size_gb}+me", 20, 1, 1, small_mib),
+    ]
+    if two_slice_1g is not None and two_slice_1g_mib is not None:
+        profiles.append(_p(two_slice_1g, 15, 1, 2, two_slice_1g_mib))
+    profiles += [
+        _p(two, 14, 2, 2, two_mib, dcgm_fb_total_mib=dcgm.get(two)),
+        _p(f"3g.{half}", 9, 3, 4, half_mib),
+        _p(f"4g.{half}", 5, 4, 4, half_mib),
+        _p(full, 0, 7, 8, full_mib, dcgm_fb_total_mib=dcgm.get(full)),
+    ]
+    return tuple(profiles)
+
+
+MODELS: tuple[GpuModel, ...] = (
+    GpuModel(
+        key="A100-40GB",
+        nvml_names=("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"),
+        memory_slots=8,
+        total_memory_mib=40960,
+        driver_era="520.56.06 (R520+)",
+        # 1g.5gb 4864, 2g.10gb 9856, 7g.40gb 40192 are the GFD labels of the sampled node; the
+        # sampled DCGM dump shows FB_USED + FB_FREE = 9855 for 2g.10gb.
+        profiles=_eight_slot(
+            "1g.5gb",
+            4864,
+            "2g.10gb",
+            9856,
+            "20gb",
+            19968,
+            "7g.40gb",
+            40192,
+            two_slice_1g="1g.10gb",
+            two_slice_1g_mib=9856,
+            dcgm={"2g.10gb": 9855},
+        ),
+        dcgm_fb_total_mib=40384,  # the MIG-disabled dump: FB_FREE 40384, FB_USED 0
+        swapped_halves=True,  # sample: 2g.10gb@0 -> GI 5, 1g.5gb@4 -> 7, @6 -> 9
+    ),
+    GpuModel(
+        key="A100-80GB",
+        nvml_names=("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"),
+        memory_slots=8,
+        total_memory_mib=81920,
+        driver_era="515.86.01 (GFD labels); 1g.20gb inferred",
+        profiles=_eight_slot(
+            "1g.10gb",
+            9728,
+            "2g.20gb",
+            19968,
+            "40gb",
+            40192,
+            "7g.80gb",
+            80896,
+            two_slice_1g="1g.20gb",
+            two_slice_1g_mib=19968,
+        ),
+    ),
+    GpuModel(
+        key="A30-24GB",
+        nvml_names=("NVIDIA A30",),
+        memory_slots=4,
+        total_memory_mib=24576,  # nominal 24 GiB; no dump of the total was found
+        driver_era="nvidia-smi -lgip GiB x 1024",
+        profiles=(
+            _p("1g.6gb", 14, 1, 1, 5952, slots=4),
+            _p("1g.6gb+me", 21, 1, 1, 5952, slots=4),
+            _p("2g.12gb", 5, 2, 2, 11968, slots=4),
+            _p("4g.24gb", 0, 4, 4, 24064, slots=4),
+        ),
+    ),
+    GpuModel(
+        key="H100-80GB",
+        nvml_names=("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"),
+        memory_slots=8,
+        total_memory_mib=81559,
+        driver_era="580.65.06 era (GFD 1g.10gb = 9984)",
+        profiles=_eight_slot(
+            "1g.10gb",
+            9984,
+            "2g.20gb",
+            20096,
+            "40gb",
+            40448,
+            "7g.80gb",
+            81152,
+            two_slice_1g="1g.20gb",
+            two_slice_1g_mib=20096,
+        ),
+    ),
+    GpuModel(
+        key="H100-NVL-94GB",
+        nvml_names=("NVIDIA H100 NVL",),
+        memory_slots=8,
+        total_memory_mib=95830,
+        driver_era="550.127.06",
+        profiles=_eight_slot(
+            "1g.12gb",
+            10880,
+            "2g.24gb",
+            22016,
+            "47gb",
+            47232,
+            "7g.94gb",
+            94848,
+            two_slice_1g="1g.24gb",
+            two_slice_1g_mib=22016,
+        ),
+    ),
+    GpuModel(
+        key="H100-96GB",
+        nvml_names=("NVIDIA GH200 480GB", "NVIDIA H100 96GB HBM3"),
+        memory_slots=8,
+        total_memory_mib=97871,
+        driver_era="nvidia-smi -lgip GiB x 1024",
+        profiles=_eight_slot(
+            "1g.12gb",
+            11264,
+            "2g.24gb",
+            23552,
+            "48gb",
+            47616,
+            "7g.96gb",
+            95232,
+            two_slice_1g="1g.24gb",
+            two_slice_1g_mib=23552,
+        ),
+    ),
+    GpuModel(
+        key="H200-141GB",
+        nvml_names=("NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA H200 141GB HBM3e"),
+        memory_slots=8,
+        total_memory_mib=143771,
+        driver_era="mig-parted#120 -lgip; placements inferred from H100",
+        profiles=_eight_slot(
+            "1g.18gb",
+            16384,
+            "2g.35gb",
+            33024,
+            "71gb",
+            71168,
+            "7g.141gb",
+            143104,
+            two_slice_1g="1g.35gb",
+            two_slice_1g_mib=33024,
+        ),
+    ),
+    GpuModel(
+        key="B200",
+        nvml_names=("NVIDIA B200",),
+        memory_slots=8,
+        total_memory_mib=183359,
+        # 3g/4g/7g memory was not captured: inferred as 2x and 4x the 2-slice profile.
+        driver_era="mig-parted#187 (2025-03); 3g/4g/7g inferred",
+        profiles=_eight_slot(
+            "1g.23gb",
+            20992,
+            "2g.45gb",
+            45312,
+            "90gb",
+            90624,
+            "7g.180gb",
+            181248,
+            two_slice_1g="1g.45gb",
+            two_slice_1g_mib=45312,
+        ),
+    ),
+)
+
+_BY_LABEL: dict[str, GpuModel] = {label: m for m in MODELS for label in m.product_labels}
+
+
+def base_product(product_label: str) -> str:
+    """`NVIDIA-A100-80GB-PCIe-MIG-1g.10gb` (single strategy) -> `NVIDIA-A100-80GB-PCIe`."""
+    return product_label.split(MIG_SUFFIX, 1)[0]
+
+
+def model_for_product(product_label: str) -> GpuModel | None:
+    """The catalog entry for a `nvidia.com/gpu.product` label value, if the GPU supports MIG."""
+    return _BY_LABEL.get(base_product(product_label))
+
+
+def nvml_model_name(product_label: str) -> str:
+    """The `modelName` DCGM would report: `NVIDIA-A100-SXM4-40GB` -> `NVIDIA A100-SXM4-40GB`.
+
+    GFD's blank-to-dash replacement is not reversible in general, so unknown GPUs keep the label.
+    """
+    base = base_product(product_label)
+    model = _BY_LABEL.get(base)
+    if model is None:
+        return base
+    return model.nvml_names[model.product_labels.index(base)]

@@ -1,0 +1,13 @@
+"""One error type that says where the problem is: the object, the field, what is wrong."""
+
+from __future__ import annotations
+
+
+class TopologyError(ValueError):
+    """Bad input, reported as one line: `<object>: <field>: <message>`."""
+
+    def __init__(self, obj: str, field: str, message: str) -> None:
+        super().__init__(f"{obj}: {field}: {message}")
+        self.obj = obj
+        self.field = field
+        self.message = message

@@ -1,0 +1,265 @@
+"""The topology ConfigMap model: typed, loaded and dumped as the `topology.yml` schema.
+
+Keys on the wire are kebab-case exactly as fake-gpu-operator's topology; optional keys are left out
+when empty so a dump round-trips to the same YAML.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from topology.errors import TopologyError
+
+MIG_STRATEGIES = ("none", "single", "mixed")
+
+
+@dataclass(frozen=True)
+class AllocatedBy:
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass(frozen=True)
+class Utilization:
+    min: int
+    max: int
+
+
+@dataclass(frozen=True)
+class PodUsage:
+    """Simulated usage of one pod on a device (see status_updater/usage.py)."""
+
+    utilization: Utilization
+    fb_used: int  # MiB
+    is_inference_pod: bool = False
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    allocated_by: AllocatedBy | None = None
+    pod_gpu_usage_status: Mapping[str, PodUsage] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    name: str  # profile, e.g. 1g.5gb
+    position: int  # start memory slice
+    gpu_instance_id: int
+    id: str | None = None  # MIG-<uuid>, absent until run.ai/mig-mapping names it
+    status: DeviceStatus | None = None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    id: str  # GPU-<uuid>
+    status: DeviceStatus | None = None
+    mig_devices: tuple[MigDevice, ...] | None = None
+
+
+@dataclass(frozen=True)
+class NodeTopology:
+    gpu_count: int
+    gpu_memory: int  # MiB
+    gpu_product: str
+    is_dynamic_mig_enabled: bool = False
+    gpus: tuple[Gpu, ...] = ()
+
+
+@dataclass(frozen=True)
+class Topology:
+    mig_strategy: str = "none"
+    nodes: Mapping[str, NodeTopology] = field(default_factory=dict)
+
+
+# --- to the wire ---------------------------------------------------------------------------------
+
+
+def _status_to_dict(status: DeviceStatus) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if status.allocated_by is not None:
+        a = status.allocated_by
+        out["allocated-by"] = {"namespace": a.namespace, "pod": a.pod, "container": a.container}
+    if status.pod_gpu_usage_status:
+        out["pod-gpu-usage-status"] = {
+            uid: {
+                "utilization": {"min": u.utilization.min, "max": u.utilization.max},
+                "fb-used": u.fb_used,
+                "is-inference-pod": u.is_inference_pod,
+            }
+            for uid, u in sorted(status.pod_gpu_usage_status.items())
+        }
+    return out
+
+
+def _mig_to_dict(dev: MigDevice) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if dev.id is not None:
+        out["id"] = dev.id
+    out |= {"name": dev.name, "position": dev.position, "gpu-instance-id": dev.gpu_instance_id}
+    if dev.status is not None:
+        out["status"] = _status_to_dict(dev.status)
+    return out
+
+
+def to_dict(topology: Topology) -> dict[str, Any]:
+    nodes: dict[str, Any] = {}
+    for name in sorted(topology.nodes):
+        node = topology.nodes[name]
+        gpus = []
+        for gpu in node.gpus:
+            g: dict[str, Any] = {"id": gpu.id}
+            if gpu.status is not None:
+                g["status"] = _status_to_dict(gpu.status)
+            if gpu.mig_devices is not None:
+                g["mig-devices"] = [_mig_to_dict(d) for d in gpu.mig_devices]
+            gpus.append(g)
+        nodes[name] = {
+            "gpu-count": node.gpu_count,
+            "gpu-memory": node.gpu_memory,
+            "gpu-product": node.gpu_product,
+            "is-dynamic-mig-enabled": node.is_dynamic_mig_enabled,
+            "gpus": gpus,
+        }
+    return {"mig-strategy": topology.mig_strategy, "nodes": nodes}
+
+
+def dump_yaml(topology: Topology) -> str:
+    return yaml.safe_dump(to_dict(topology), sort_keys=False, default_flow_style=False)
+
+
+# --- from the wire -------------------------------------------------------------------------------
+
+
+class _Reader:
+    """Typed access to a YAML mapping that names the exact path in every error."""
+
+    def __init__(self, data: object, where: str, obj: str) -> None:
+        if not isinstance(data, Mapping):
+            raise TopologyError(obj, where or "topology", f"expected a mapping, got {_kind(data)}")
+        self.data: Mapping[str, Any] = data
+        self.where = where
+        self.obj = obj
+
+    def _path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def error(self, key: str, message: str) -> TopologyError:
+        return TopologyError(self.obj, self._path(key), message)
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def raw(self, key: str) -> Any:
+        if key not in self.data:
+            raise self.error(key, "is required")
+        return self.data[key]
+
+    def integer(self, key: str, *, minimum: int = 0) -> int:
+        value = self.raw(key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(key, f"expected an integer, got {value!r}")
+        if value < minimum:
+            raise self.error(key, f"must be >= {minimum}, got {value}")
+        return value
+
+    def string(self, key: str) -> str:
+        value = self.raw(key)
+        if not isinstance(value, str) or not value:
+            raise self.error(key, f"expected a non-empty string, got {value!r}")
+        return value
+
+    def boolean(self, key: str, default: bool = False) -> bool:
+        if key not in self.data:
+            return default
+        value = self.data[key]
+        if not isinstance(value, bool):
+            raise self.error(key, f"expected true or false, got {value!r}")
+        return value
+
+    def sub(self, key: str) -> _Reader:
+        return _Reader(self.raw(key), self._path(key), self.obj)
+
+    def items(self, key: str) -> list[_Reader]:
+        value = self.raw(key)
+        if not isinstance(value, list):
+            raise self.error(key, f"expected a list, got {_kind(value)}")
+        return [_Reader(item, f"{self._path(key)}[{i}]", self.obj) for i, item in enumerate(value)]
+
+
+def _kind(value: object) -> str:
+    return "nothing" if value is None else type(value).__name__
+
+
+def _status_from(r: _Reader) -> DeviceStatus:
+    allocated_by = None
+    if r.has("allocated-by"):
+        a = r.sub("allocated-by")
+        allocated_by = AllocatedBy(a.string("namespace"), a.string("pod"), a.string("container"))
+    usage: dict[str, PodUsage] = {}
+    if r.has("pod-gpu-usage-status"):
+        u = r.sub("pod-gpu-usage-status")
+        for uid in u.data:
+            p = u.sub(str(uid))
+            util = p.sub("utilization")
+            lo, hi = util.integer("min"), util.integer("max")
+            if not lo <= hi <= 100:
+                raise util.error("max", f"need 0 <= min <= max <= 100, got {lo}-{hi}")
+            usage[str(uid)] = PodUsage(
+                Utilization(lo, hi), p.integer("fb-used"), p.boolean("is-inference-pod")
+            )
+    return DeviceStatus(allocated_by, usage)
+
+
+def from_dict(data: object, obj: str = "topology") -> Topology:
+    """Parse the `topology.yml` document. Raises TopologyError naming the field on bad input."""
+    root = _Reader(data, "", obj)
+    strategy = root.data.get("mig-strategy", "none")
+    if strategy not in MIG_STRATEGIES:
+        raise root.error(
+            "mig-strategy", f"must be one of {', '.join(MIG_STRATEGIES)}, got {strategy!r}"
+        )
+    nodes: dict[str, NodeTopology] = {}
+    node_map = root.sub("nodes") if root.has("nodes") else _Reader({}, "nodes", obj)
+    for name in node_map.data:
+        n = node_map.sub(str(name))
+        gpus = []
+        for g in n.items("gpus") if n.has("gpus") else []:
+            migs = None
+            if g.has("mig-devices"):
+                migs = tuple(
+                    MigDevice(
+                        name=m.string("name"),
+                        position=m.integer("position"),
+                        gpu_instance_id=m.integer("gpu-instance-id"),
+                        id=m.string("id") if m.has("id") else None,
+                        status=_status_from(m.sub("status")) if m.has("status") else None,
+                    )
+                    for m in g.items("mig-devices")
+                )
+            status = _status_from(g.sub("status")) if g.has("status") else None
+            gpus.append(Gpu(id=g.string("id"), status=status, mig_devices=migs))
+        nodes[str(name)] = NodeTopology(
+            gpu_count=n.integer("gpu-count"),
+            gpu_memory=n.integer("gpu-memory"),
+            gpu_product=n.string("gpu-product"),
+            is_dynamic_mig_enabled=n.boolean("is-dynamic-mig-enabled"),
+            gpus=tuple(gpus),
+        )
+    return Topology(mig_strategy=strategy, nodes=nodes)
+
+
+def load_yaml(text: str, obj: str = "topology") -> Topology:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise TopologyError(obj, "topology.yml", f"is not valid YAML: {_one_line(e)}") from None
+    return from_dict(data, obj)
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())
