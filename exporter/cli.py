@@ -28,20 +28,36 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m exporter",
         description="Serve the DCGM metrics of one node of the MIG topology.",
     )
-    p.add_argument("--topology-file", type=Path, metavar="FILE",
-                   help="the topology ConfigMap or bare topology.yml; without it, watch the "
-                   "ConfigMap TOPOLOGY_CM_NAME in TOPOLOGY_CM_NAMESPACE on the cluster")
-    p.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
-                   help="the node whose GPUs to export (env NODE_NAME)")
+    p.add_argument(
+        "--topology-file",
+        type=Path,
+        metavar="FILE",
+        help="the topology ConfigMap or bare topology.yml; without it, watch the "
+        "ConfigMap TOPOLOGY_CM_NAME in TOPOLOGY_CM_NAMESPACE on the cluster",
+    )
+    p.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME"),
+        help="the node whose GPUs to export (env NODE_NAME)",
+    )
     p.add_argument("--once", action="store_true", help="print the exposition and exit")
     p.add_argument("--address", default="0.0.0.0", help="listen address (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=9400, help="listen port (default 9400)")
-    p.add_argument("--driver-version", default=os.environ.get("DRIVER_VERSION") or dcgm.DEFAULT_DRIVER_VERSION,
-                   help="DCGM_FI_DRIVER_VERSION label (env DRIVER_VERSION, default %(default)s)")
-    p.add_argument("--hostname", default=os.environ.get("EXPORTER_HOSTNAME") or socket.gethostname(),
-                   help="Hostname label (env EXPORTER_HOSTNAME, default this host's name)")
-    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
-                   help="kubeconfig when not in a cluster (env KUBECONFIG)")
+    p.add_argument(
+        "--driver-version",
+        default=os.environ.get("DRIVER_VERSION") or dcgm.DEFAULT_DRIVER_VERSION,
+        help="DCGM_FI_DRIVER_VERSION label (env DRIVER_VERSION, default %(default)s)",
+    )
+    p.add_argument(
+        "--hostname",
+        default=os.environ.get("EXPORTER_HOSTNAME") or socket.gethostname(),
+        help="Hostname label (env EXPORTER_HOSTNAME, default this host's name)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig when not in a cluster (env KUBECONFIG)",
+    )
     return p  # fmt: skip
 
 
@@ -57,13 +73,20 @@ def _once(path: Path, node_name: str, options: dcgm.Options) -> int:
 
 def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     published = Published()
     exporter = Exporter(args.node_name, options, published)
+
+    def shutdown(*_: object) -> None:
+        stop.set()
+        exporter.wake.set()  # the render loop sleeps on it between utilization steps
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, shutdown)
     if args.topology_file is not None:
         # A first read that fails is unusable input; later failures keep the last good state.
-        exporter.update(read_topology_file(args.topology_file), f"topology file {args.topology_file}")
+        exporter.update(
+            read_topology_file(args.topology_file), f"topology file {args.topology_file}"
+        )
         source = threading.Thread(
             target=follow_file, args=(args.topology_file, exporter, stop), daemon=True
         )
@@ -87,7 +110,9 @@ def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     p = parser()
     args = p.parse_args(argv)
     if not args.node_name:

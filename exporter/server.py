@@ -43,7 +43,9 @@ def _handler(published: Published) -> type[BaseHTTPRequestHandler]:
                 text = "ok" if snap.healthy else snap.reason
                 self._send(status, f"{text}\n".encode(), "text/plain; charset=utf-8")
             else:
-                self._send(404, b"not found: try /metrics or /health\n", "text/plain; charset=utf-8")
+                self._send(
+                    404, b"not found: try /metrics or /health\n", "text/plain; charset=utf-8"
+                )
 
         def _send(self, status: int, body: bytes, content_type: str) -> None:
             self.send_response(status)

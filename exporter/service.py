@@ -78,11 +78,15 @@ def read_topology_file(path: Path) -> Topology:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise TopologyError(obj, "topology", f"cannot be read: {e.strerror if isinstance(e, OSError) else e}") from None
+        raise TopologyError(
+            obj, "topology", f"cannot be read: {e.strerror if isinstance(e, OSError) else e}"
+        ) from None
     return parse_topology_document(text, obj)
 
 
-def follow_file(path: Path, exporter: Exporter, stop: threading.Event, interval: float = 1.0) -> None:
+def follow_file(
+    path: Path, exporter: Exporter, stop: threading.Event, interval: float = 1.0
+) -> None:
     """Reload when the file changes: a ConfigMap mounted as a volume is updated in place."""
     seen: tuple[float, int] | None = None
     while not stop.is_set():

@@ -19,7 +19,9 @@ def parse_topology_document(text: str, obj: str) -> Topology:
     try:
         doc: Any = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise TopologyError(obj, "topology", f"is not valid YAML: {' '.join(str(e).split())}") from None
+        raise TopologyError(
+            obj, "topology", f"is not valid YAML: {' '.join(str(e).split())}"
+        ) from None
     if isinstance(doc, Mapping) and doc.get("kind") == "ConfigMap":
         return configmap_topology(doc, obj)
     return from_dict(doc, obj)
@@ -33,7 +35,9 @@ def configmap_topology(cm: Mapping[str, Any], obj: str) -> Topology:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise TopologyError(obj, f"data[{DATA_KEY}]", f"is not valid YAML: {' '.join(str(e).split())}") from None
+        raise TopologyError(
+            obj, f"data[{DATA_KEY}]", f"is not valid YAML: {' '.join(str(e).split())}"
+        ) from None
     return from_dict(doc, obj)
 
 

@@ -39,7 +39,9 @@ def _documents(path: Path) -> Iterator[Any]:
         else:
             yield from list(yaml.safe_load_all(text))
     except (yaml.YAMLError, ValueError) as e:
-        raise InputError(f"{path}: not valid {path.suffix[1:].upper()}: {' '.join(str(e).split())}") from None
+        raise InputError(
+            f"{path}: not valid {path.suffix[1:].upper()}: {' '.join(str(e).split())}"
+        ) from None
 
 
 def load_objects(paths: list[str], default_kind: str) -> Iterator[dict[str, Any]]:
@@ -47,7 +49,11 @@ def load_objects(paths: list[str], default_kind: str) -> Iterator[dict[str, Any]
     for raw in paths:
         for file in _files(Path(raw)):
             for doc in _documents(file):
-                items = doc.get("items") if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List") else [doc]
+                items = (
+                    doc.get("items")
+                    if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List")
+                    else [doc]
+                )
                 for item in items or []:
                     if isinstance(item, dict):
                         yield item if "kind" in item else {**item, "kind": default_kind}

@@ -108,6 +108,12 @@ def _mig_devices(
     wanted: Iterable[tuple[int, str]],
     mapping: Mapping[tuple[int, int], runai.MappedDevice],
 ) -> tuple[MigDevice, ...]:
+    wanted = tuple(wanted)
+    mapped_positions = {pos for (gpu, pos) in mapping if gpu == gpu_index}
+    if mapped_positions != {pos for pos, _ in wanted}:
+        # The mapping describes another layout: run:ai rewrites it after a mig.config change,
+        # and until then the new devices have no id.
+        mapping = {}
     devices = []
     for position, profile_name in wanted:
         mapped = mapping.get((gpu_index, position))

@@ -1,0 +1,221 @@
+"""`python -m status_updater run`: keeps the topology ConfigMap true as the cluster changes.
+
+Informers feed Node and Pod events into caches; a writer thread runs the same pure `reconcile`
+that `render` runs, and writes the ConfigMap only when the result changed, coalescing bursts.
+Nothing is written before both caches are listed (an empty pod cache would release every
+allocation), and only the Lease holder writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, cast
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from status_updater.configmap import DATA_KEY, topology_configmap
+from status_updater.kube import REQUEST_TIMEOUT, TRANSIENT, Backoff, Obj, describe, list_watch
+from status_updater.reconcile import reconcile
+from topology.errors import TopologyError
+from topology.model import Topology, dump_yaml, load_yaml
+
+log = logging.getLogger(__name__)
+COALESCE_S = 0.2  # a storm of pod events within this window gives one write
+
+
+def slim_node(node: Obj) -> Obj:
+    """What reconcile reads of a Node; the rest (images, conditions) is not kept in memory."""
+    meta = node.get("metadata") or {}
+    return {"kind": "Node", "metadata": {k: meta.get(k) for k in ("name", "labels", "annotations")}}
+
+
+def slim_pod(pod: Obj) -> Obj:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    containers = [
+        {"name": c.get("name"), "resources": c.get("resources") or {}}
+        for c in spec.get("containers") or []
+        if isinstance(c, dict)
+    ]
+    keep = ("name", "namespace", "uid", "labels", "annotations", "creationTimestamp")
+    return {
+        "kind": "Pod",
+        "metadata": {k: meta.get(k) for k in keep},
+        "spec": {"nodeName": spec.get("nodeName"), "containers": containers},
+        "status": {"phase": (pod.get("status") or {}).get("phase")},
+    }
+
+
+def _pod_key(pod: Obj) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+class Controller:
+    def __init__(
+        self,
+        core: kubernetes.client.CoreV1Api,
+        name: str,
+        namespace: str,
+        is_leader: Any = lambda: True,
+    ) -> None:
+        self.core, self.name, self.namespace, self.is_leader = core, name, namespace, is_leader
+        self.nodes: dict[str, Obj] = {}
+        self.pods: dict[str, Obj] = {}
+        self.synced = {"nodes": False, "pods": False}
+        self.lock = threading.Lock()
+        self.dirty = threading.Event()
+        self.written: Topology | None = None  # what the ConfigMap holds, as far as we know
+        self._warned: set[str] = set()
+
+    # --- informer callbacks ---------------------------------------------------------------------
+
+    def _reset(
+        self, cache: dict[str, Obj], which: str, items: list[Obj], slim: Any, key: Any
+    ) -> None:
+        with self.lock:
+            cache.clear()
+            cache.update({key(o): slim(o) for o in items})
+            self.synced[which] = True
+        self.dirty.set()
+
+    def _event(self, cache: dict[str, Obj], kind: str, obj: Obj, slim: Any, key: Any) -> None:
+        with self.lock:
+            if kind == "DELETED":
+                cache.pop(key(obj), None)
+            else:
+                cache[key(obj)] = slim(obj)
+        self.dirty.set()
+
+    def node_key(self, node: Obj) -> str:
+        return str((node.get("metadata") or {}).get("name"))
+
+    def informers(self, stop: threading.Event) -> list[threading.Thread]:
+        nodes = threading.Thread(
+            target=list_watch,
+            name="nodes",
+            daemon=True,
+            args=(
+                "nodes",
+                self.core.list_node,
+                lambda items: self._reset(self.nodes, "nodes", items, slim_node, self.node_key),
+                lambda kind, o: self._event(self.nodes, kind, o, slim_node, self.node_key),
+                stop,
+            ),
+        )
+        pods = threading.Thread(
+            target=list_watch,
+            name="pods",
+            daemon=True,
+            args=(
+                "pods",
+                self.core.list_pod_for_all_namespaces,
+                lambda items: self._reset(self.pods, "pods", items, slim_pod, _pod_key),
+                lambda kind, o: self._event(self.pods, kind, o, slim_pod, _pod_key),
+                stop,
+            ),
+        )
+        return [nodes, pods]
+
+    # --- the writer -----------------------------------------------------------------------------
+
+    def desired(self) -> Topology:
+        with self.lock:
+            nodes, pods = list(self.nodes.values()), list(self.pods.values())
+        topology, warnings = reconcile(nodes, pods, previous=self.written)
+        messages = {str(w) for w in warnings}
+        for m in sorted(messages - self._warned):
+            log.warning("%s", m)
+        self._warned = messages
+        return topology
+
+    def read_current(self) -> tuple[bool, Topology | None, str | None]:
+        """Whether the ConfigMap exists, its topology (None if invalid) and resourceVersion."""
+        try:
+            cm = self.core.read_namespaced_config_map(
+                self.name, self.namespace, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return False, None, None
+            raise
+        version = cm.metadata.resource_version if cm.metadata else None
+        text = (cm.data or {}).get(DATA_KEY)
+        try:
+            return True, (load_yaml(text) if text else None), version
+        except TopologyError as e:
+            log.warning(
+                "ConfigMap %s/%s holds an invalid topology, replacing it: %s",
+                self.namespace,
+                self.name,
+                e,
+            )
+            return True, None, version
+
+    def write(self, topology: Topology) -> None:
+        """Create or patch (never PUT) the ConfigMap; a 409 re-reads and applies again."""
+        for _ in range(5):
+            exists, current, version = self.read_current()
+            if current == topology:
+                self.written = topology
+                return
+            try:
+                if not exists:
+                    body = topology_configmap(topology, self.name, self.namespace)
+                    self.core.create_namespaced_config_map(
+                        self.namespace, cast(Any, body), _request_timeout=REQUEST_TIMEOUT
+                    )
+                else:
+                    patch: dict[str, Any] = {"data": {DATA_KEY: dump_yaml(topology)}}
+                    if version and version != "...":
+                        patch["metadata"] = {
+                            "resourceVersion": version
+                        }  # 409 if it moved meanwhile
+                    self.core.patch_namespaced_config_map(
+                        self.name, self.namespace, patch, _request_timeout=REQUEST_TIMEOUT
+                    )
+            except ApiException as e:
+                if e.status == 409:
+                    continue  # someone wrote in between (or created it): read again, apply again
+                raise
+            self.written = topology
+            log.info(
+                "wrote ConfigMap %s/%s (%d nodes)", self.namespace, self.name, len(topology.nodes)
+            )
+            return
+        raise ApiException(status=409, reason="conflict persisted after 5 attempts")
+
+    def became_leader(self, leading: bool) -> None:
+        if leading:
+            self.written = None  # the old leader may have written since: re-read before trusting
+            self.dirty.set()
+
+    def run_writer(self, stop: threading.Event) -> None:
+        backoff = Backoff()
+        while not stop.is_set():
+            if not self.dirty.wait(1.0):
+                continue
+            if stop.is_set():
+                return
+            if not all(self.synced.values()) or not self.is_leader():
+                continue  # stays dirty: written once synced and leading
+            time.sleep(COALESCE_S)
+            self.dirty.clear()
+            try:
+                if self.written is None:
+                    # What the ConfigMap holds: a node that cannot be read keeps its entry from it.
+                    self.written = self.read_current()[1] or Topology()
+                topology = self.desired()
+                if stop.is_set() or not self.is_leader():
+                    continue
+                if topology != self.written:
+                    self.write(topology)
+                backoff.reset()
+            except TRANSIENT as e:
+                log.warning("ConfigMap %s/%s: %s; retrying", self.namespace, self.name, describe(e))
+                self.written = None
+                self.dirty.set()
+                backoff.wait(stop)

@@ -1,0 +1,154 @@
+"""The edge to the Kubernetes API: client config, backoff, and a kopf-style list-then-watch loop.
+
+Objects travel as plain JSON dicts (what `kubectl get -o json` shows), the form reconcile reads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import kubernetes
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+REQUEST_TIMEOUT = (5.0, 30.0)  # connect, read: every call has one
+WATCH_TIMEOUT_S = 240  # the server ends the stream; a silent one is cut a little after
+TRANSIENT = (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)
+
+
+class ConfigError(Exception):
+    """No usable cluster configuration."""
+
+
+def api_client(kubeconfig: str | None) -> kubernetes.client.ApiClient:
+    """In-cluster service account, else the kubeconfig (flag, KUBECONFIG, ~/.kube/config)."""
+    config = kubernetes.client.Configuration()
+    try:
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            kubernetes.config.load_incluster_config(client_configuration=config)
+        else:
+            kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
+    except (kubernetes.config.ConfigException, OSError, TypeError, ValueError) as e:
+        where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise ConfigError(f"kubeconfig {where}: {' '.join(str(e).split())}") from None
+    return kubernetes.client.ApiClient(config)
+
+
+class Backoff:
+    """Exponential backoff with full jitter, so replicas do not retry in lockstep."""
+
+    def __init__(self, base: float = 0.5, cap: float = 30.0) -> None:
+        self.base, self.cap, self.attempt = base, cap, 0
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+    def wait(self, stop: threading.Event) -> None:
+        delay = random.uniform(0, min(self.cap, self.base * 2**self.attempt))
+        self.attempt += 1
+        stop.wait(delay)
+
+
+def describe(e: BaseException) -> str:
+    if isinstance(e, ApiException):
+        return f"HTTP {e.status} {e.reason}"
+    return " ".join(f"{type(e).__name__}: {e}".split())[:300]
+
+
+def list_watch(
+    what: str,
+    list_call: Callable[..., Any],
+    on_reset: Callable[[list[Obj]], None],
+    on_event: Callable[[str, Obj], None],
+    stop: threading.Event,
+    *,
+    on_error: Callable[[str], None] | None = None,
+    watch_timeout_s: int = WATCH_TIMEOUT_S,
+    **selectors: str,
+) -> None:
+    """List, then watch from the list's resourceVersion, until `stop`.
+
+    410 Gone lists again; errors back off with jitter; a stream silent for longer than the server
+    was asked to keep it open is cut by the read timeout and started again.
+    """
+    backoff = Backoff()
+    while not stop.is_set():
+        try:
+            response = list_call(
+                **selectors, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
+            body = json.loads(response.data)
+            on_reset([i for i in body.get("items") or [] if isinstance(i, dict)])
+            version = _version(body)
+            backoff.reset()
+            while not stop.is_set():
+                version = _watch_once(
+                    list_call, version, on_event, stop, watch_timeout_s, selectors
+                )
+                if version is None:
+                    break  # nothing to resume from (an API without resourceVersions): list again
+        except ApiException as e:
+            if e.status == 410:
+                log.info("%s: watch expired (410 Gone), listing again", what)
+                continue
+            _report(what, e, on_error)
+            backoff.wait(stop)
+        except TRANSIENT as e:
+            _report(what, e, on_error)
+            backoff.wait(stop)
+
+
+def _report(what: str, e: BaseException, on_error: Callable[[str], None] | None) -> None:
+    message = f"{what}: {describe(e)}"
+    log.warning("%s; retrying", message)
+    if on_error is not None:
+        on_error(message)
+
+
+def _watch_once(
+    list_call: Callable[..., Any],
+    version: str | None,
+    on_event: Callable[[str, Obj], None],
+    stop: threading.Event,
+    timeout_s: int,
+    selectors: Mapping[str, str],
+) -> str | None:
+    """One watch stream; returns the resourceVersion to resume from."""
+    w = kubernetes.watch.Watch()
+    kwargs: dict[str, Any] = dict(selectors)
+    if version:
+        kwargs["resource_version"] = version
+    kwargs["allow_watch_bookmarks"] = True
+    # deserialize=False: plain JSON, as the list gives; no model objects to build and throw away.
+    # timeout_seconds also makes the client raise 410 instead of retrying it silently.
+    for event in w.stream(
+        list_call,
+        timeout_seconds=timeout_s,
+        _request_timeout=(REQUEST_TIMEOUT[0], timeout_s + 5),
+        deserialize=False,
+        **kwargs,
+    ):
+        if stop.is_set():
+            w.stop()
+            break
+        raw = event.get("object")
+        if not isinstance(raw, dict):
+            continue
+        version = _version(raw) or version
+        if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+            on_event(event["type"], raw)
+    return version
+
+
+def _version(obj: Obj) -> str | None:
+    """The resourceVersion to resume from; kmock without resourceVersions says "..."."""
+    version = (obj.get("metadata") or {}).get("resourceVersion")
+    return version if isinstance(version, str) and version not in ("", "...") else None

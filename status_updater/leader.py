@@ -1,0 +1,166 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, so two replicas never both write.
+
+Only create, get and patch are used (no PUT): a patch carrying the Lease's resourceVersion is
+refused with 409 when another replica got there first, which is the whole protocol.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, cast
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from status_updater.kube import REQUEST_TIMEOUT, TRANSIENT, describe
+
+log = logging.getLogger(__name__)
+LEASE_DURATION_S = 15
+RENEW_EVERY_S = 5
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _micro_time(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(value: object) -> dt.datetime | None:
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        api: kubernetes.client.CoordinationV1Api,
+        name: str,
+        namespace: str,
+        identity: str,
+        on_change: Callable[[bool], None] = lambda leading: None,
+        duration_s: int = LEASE_DURATION_S,
+    ) -> None:
+        self.api, self.name, self.namespace, self.identity = api, name, namespace, identity
+        self.on_change = on_change
+        self.duration_s = duration_s
+        self.leading = threading.Event()
+        self._renewed_at: dt.datetime | None = None
+
+    def is_leader(self) -> bool:
+        # A leader that could not renew in time must assume another replica took over.
+        if self._renewed_at is not None and _now() - self._renewed_at > dt.timedelta(
+            seconds=self.duration_s
+        ):
+            self._set(False)
+        return self.leading.is_set()
+
+    def _set(self, leading: bool) -> None:
+        if leading != self.leading.is_set():
+            (self.leading.set if leading else self.leading.clear)()
+            if not leading:
+                self._renewed_at = None
+            log.info(
+                "%s leadership of lease %s/%s",
+                "acquired" if leading else "lost",
+                self.namespace,
+                self.name,
+            )
+            self.on_change(leading)
+
+    def _body(self, resource_version: str | None, acquire: bool) -> dict[str, Any]:
+        now = _micro_time(_now())
+        spec: dict[str, Any] = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": self.duration_s,
+            "renewTime": now,
+        }
+        if acquire:
+            spec["acquireTime"] = now
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": meta,
+            "spec": spec,
+        }
+
+    def try_acquire_or_renew(self) -> bool:
+        try:
+            lease = self.api.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            try:
+                self.api.create_namespaced_lease(
+                    self.namespace,
+                    cast(Any, self._body(None, True)),
+                    _request_timeout=REQUEST_TIMEOUT,
+                )
+            except ApiException as e2:
+                if e2.status == 409:
+                    return False  # another replica created it first
+                raise
+            return True
+        spec = lease.spec
+        holder = spec.holder_identity if spec else None
+        renewed = _parse_time(spec.renew_time if spec else None)
+        duration = (spec.lease_duration_seconds if spec else None) or self.duration_s
+        expired = renewed is None or _now() - renewed > dt.timedelta(seconds=duration)
+        if holder and holder != self.identity and not expired:
+            return False
+        version = lease.metadata.resource_version if lease.metadata else None
+        try:
+            self.api.patch_namespaced_lease(
+                self.name,
+                self.namespace,
+                self._body(version if version != "..." else None, holder != self.identity),
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                if self.try_acquire_or_renew():
+                    self._renewed_at = _now()
+                    self._set(True)
+                else:
+                    self._set(False)
+            except TRANSIENT as e:
+                log.warning("lease %s/%s: %s", self.namespace, self.name, describe(e))
+                self.is_leader()  # drops leadership once the lease has run out
+            stop.wait(RENEW_EVERY_S if self.leading.is_set() else RENEW_EVERY_S / 2)
+
+    def release(self) -> None:
+        """On shutdown: let a standby replica take over at once instead of after the lease runs out."""
+        if not self.leading.is_set():
+            return
+        self._set(False)
+        try:
+            self.api.patch_namespaced_lease(
+                self.name,
+                self.namespace,
+                {"spec": {"holderIdentity": None, "renewTime": None}},
+                _request_timeout=(1.0, 1.0),
+            )
+        except TRANSIENT as e:
+            log.warning("lease %s/%s not released: %s", self.namespace, self.name, describe(e))

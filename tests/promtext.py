@@ -1,0 +1,45 @@
+"""Reads Prometheus text exposition keeping what golden comparisons need: label order.
+
+prometheus_client's parser validates the text; label order is taken from the raw line because
+"exactly like dcgm-exporter" includes the order of labels.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+_LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)\{(?P<labels>.*)\} (?P<value>\S+)$")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+    def label(self, key: str) -> str:
+        return dict(self.labels)[key]
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return tuple(k for k, _ in self.labels)
+
+
+def parse(text: str) -> list[Series]:
+    list(text_string_to_metric_families(text))  # raises on anything Prometheus would reject
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        assert m, f"not a sample line: {line!r}"
+        out.append(Series(m["name"], tuple(_LABEL.findall(m["labels"])), float(m["value"])))
+    return out
+
+
+def by_name(series: list[Series], name: str) -> list[Series]:
+    return [s for s in series if s.name == name]

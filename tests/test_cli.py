@@ -1,0 +1,199 @@
+"""The two commands as a user runs them: exit codes, one-line errors, never a traceback."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+from conftest import ROOT, SAMPLES, run_cli
+from promtext import by_name, parse
+
+NODE = "qa-mig-worker-gpu-a100"
+TOPOLOGY = SAMPLES / "topology" / "a100-40gb-active.yaml"
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, text: str) -> None:
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert any(text in line for line in lines), lines
+
+
+def test_render_names_the_configmap_from_the_environment() -> None:
+    result = run_cli("status_updater", "render", "--nodes", str(SAMPLES / "nodes"),
+                     env={"TOPOLOGY_CM_NAME": "mig-topo", "TOPOLOGY_CM_NAMESPACE": "sim"})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    cm = yaml.safe_load(result.stdout)
+    assert (cm["apiVersion"], cm["kind"]) == ("v1", "ConfigMap")
+    assert cm["metadata"] == {"name": "mig-topo", "namespace": "sim"}
+    topology = yaml.safe_load(cm["data"]["topology.yml"])
+    assert sorted(topology["nodes"]) == ["a100-80gb-single", "h100-node-1", "h200-node-1", NAME]
+
+
+NAME = NODE
+
+
+def test_render_reads_json_lists_and_multi_document_yaml(tmp_path: Path) -> None:
+    node = yaml.safe_load((SAMPLES / "nodes" / "a100-40gb-3-instances.yaml").read_text())
+    (tmp_path / "nodes.json").write_text(
+        yaml.safe_dump({"kind": "NodeList", "items": [node]}).replace("\n", "\n")
+    )
+    import json
+
+    (tmp_path / "nodes.json").write_text(
+        json.dumps({"apiVersion": "v1", "kind": "List", "items": [node]})
+    )
+    pods = yaml.safe_load(
+        (SAMPLES / "pods" / "a100-40gb-active-2x1g.5gb-1x2g.10gb.yaml").read_text()
+    )["items"]
+    (tmp_path / "pods.yaml").write_text(yaml.safe_dump_all(pods))
+    result = run_cli(
+        "status_updater",
+        "render",
+        "--nodes",
+        str(tmp_path / "nodes.json"),
+        "--pods",
+        str(tmp_path / "pods.yaml"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == TOPOLOGY.read_text()
+
+
+def test_render_bad_node_among_many_warns_in_one_line(tmp_path: Path) -> None:
+    bad = {"kind": "Node", "metadata": {"name": "gpu-bad", "labels": {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "two"}}}  # fmt: skip
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    result = run_cli(
+        "status_updater", "render", "--nodes", str(tmp_path / "bad.yaml"), str(SAMPLES / "nodes")
+    )
+    assert result.returncode == 0
+    assert result.stderr.strip() == (
+        "warning: node gpu-bad: metadata.labels[nvidia.com/gpu.count]: expected an integer, got 'two'"
+    )
+    assert NODE in yaml.safe_load(yaml.safe_load(result.stdout)["data"]["topology.yml"])["nodes"]
+
+
+def test_render_unusable_input_exits_2(tmp_path: Path) -> None:
+    assert_one_line_error(run_cli("status_updater", "render", "--nodes", str(tmp_path / "nope.yaml")), 2,
+                          "nope.yaml: no such file or directory")  # fmt: skip
+    (tmp_path / "broken.yaml").write_text("kind: Node\nmetadata: [\n")
+    assert_one_line_error(run_cli("status_updater", "render", "--nodes", str(tmp_path / "broken.yaml")), 2,
+                          "broken.yaml: not valid YAML")  # fmt: skip
+    assert_one_line_error(run_cli("status_updater", "render"), 2, "--nodes")
+
+
+def test_exporter_once_accepts_the_bare_topology(tmp_path: Path) -> None:
+    bare = tmp_path / "topology.yml"
+    bare.write_text(yaml.safe_load(TOPOLOGY.read_text())["data"]["topology.yml"])
+    from_cm = run_cli(
+        "exporter",
+        "--topology-file",
+        str(TOPOLOGY),
+        "--node-name",
+        NODE,
+        "--once",
+        "--hostname",
+        "h",
+    )
+    from_bare = run_cli("exporter", "--topology-file", str(bare), "--once", "--hostname", "h",
+                        env={"NODE_NAME": NODE, "DRIVER_VERSION": "535.104.05"})  # fmt: skip
+    assert from_cm.returncode == from_bare.returncode == 0
+    assert from_cm.stdout == from_bare.stdout.replace("535.104.05", "520.56.06")
+    assert {s.label("DCGM_FI_DRIVER_VERSION") for s in parse(from_bare.stdout)} == {"535.104.05"}
+
+
+def test_exporter_errors_are_one_line(tmp_path: Path) -> None:
+    assert_one_line_error(run_cli("exporter", "--topology-file", str(TOPOLOGY), "--node-name", "other", "--once"), 2,
+                          f"nodes.other: is not in the topology (nodes: {NODE})")  # fmt: skip
+    assert_one_line_error(run_cli("exporter", "--topology-file", str(tmp_path / "x.yaml"), "--node-name", "n", "--once"),
+                          2, "cannot be read")  # fmt: skip
+    (tmp_path / "bad.yaml").write_text("nodes: {n: {gpu-count: 1, gpu-memory: 1, gpu-product: NVIDIA-H200, "
+                                       "is-dynamic-mig-enabled: true, gpus: [{id: GPU-1, mig-devices: "
+                                       "[{name: 1g.5gb, position: 0, gpu-instance-id: 7}]}]}}")  # fmt: skip
+    assert_one_line_error(run_cli("exporter", "--topology-file", str(tmp_path / "bad.yaml"), "--node-name", "n", "--once"),
+                          2, "gpus[0].mig-devices[0].name: node n: unknown profile '1g.5gb' for H200-141GB")  # fmt: skip
+    assert_one_line_error(run_cli("exporter", "--topology-file", str(TOPOLOGY), "--once", env={"NODE_NAME": ""}), 2,
+                          "--node-name (or env NODE_NAME) is required")  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def wait_for(predicate, timeout: float = 10):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+def test_exporter_serves_follows_the_file_and_stops_on_sigterm(tmp_path: Path) -> None:
+    topo = tmp_path / "topology.yaml"
+    topo.write_text(TOPOLOGY.read_text())
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--topology-file", str(topo), "--node-name", NODE,
+                             "--address", "127.0.0.1", "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: get(f"{base}/health") == (200, "ok\n"))
+        series = parse(get(f"{base}/metrics")[1])
+        assert len(by_name(series, "DCGM_FI_DEV_FB_USED")) == 3
+        # Re-partition: one 7g.40gb replaces the three instances.
+        doc = yaml.safe_load(TOPOLOGY.read_text())
+        inner = yaml.safe_load(doc["data"]["topology.yml"])
+        inner["nodes"][NODE]["gpus"][0]["mig-devices"] = [
+            {"name": "7g.40gb", "position": 0, "gpu-instance-id": 0}
+        ]
+        doc["data"]["topology.yml"] = yaml.safe_dump(inner)
+        topo.write_text(yaml.safe_dump(doc))
+        wait_for(
+            lambda: (
+                [
+                    s.label("GPU_I_PROFILE")
+                    for s in by_name(parse(get(f"{base}/metrics")[1]), "DCGM_FI_DEV_FB_USED")
+                ]
+                == ["7g.40gb"]
+            )
+        )
+        # A broken file keeps the last good series and turns health to 503 with the reason.
+        topo.write_text("nodes: [")
+        _status, reason = wait_for(lambda: (s := get(f"{base}/health"))[0] == 503 and s)
+        assert "not valid YAML" in reason and len(reason.strip().splitlines()) == 1
+        assert [
+            s.label("GPU_I_PROFILE")
+            for s in by_name(parse(get(f"{base}/metrics")[1]), "DCGM_FI_DEV_FB_USED")
+        ] == ["7g.40gb"]
+        assert get(f"{base}/other")[0] == 404
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+        assert time.monotonic() - started < 2
+        assert "Traceback" not in proc.stderr.read()  # type: ignore[union-attr]
+    finally:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,196 @@
+"""Reconcile: Nodes and Pods in, topology out; one bad object never takes the others with it."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import yaml
+from conftest import SAMPLES
+from freezegun import freeze_time
+
+from exporter import dcgm
+from status_updater.reconcile import gpu_uuid, reconcile
+from topology.model import Topology
+
+REAL_NODE: dict[str, Any] = yaml.safe_load(
+    (SAMPLES / "nodes" / "a100-40gb-3-instances.yaml").read_text()
+)
+NAME = "qa-mig-worker-gpu-a100"
+
+
+def mig_pod(name: str, position: int, *, phase: str = "Running", gpuindex: object = 0, profile: str = "1g.5gb",
+            annotations: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    device = {"name": f"nvidia.com/mig-{profile}", "position": position, "gpuindex": gpuindex}
+    return {
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team", "uid": f"uid-{name}",
+                     "annotations": {"runai-mig-device": json.dumps(device), **(annotations or {})}},
+        "spec": {"nodeName": NAME, "containers": [{"name": "main"}, {"name": "sidecar"}]},
+        "status": {"phase": phase},
+    }  # fmt: skip
+
+
+def whole_gpu_node(name: str, count: int = 2, product: str = "Tesla-K80") -> dict[str, Any]:
+    return {"kind": "Node", "metadata": {"name": name, "labels": {
+        "nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(count), "nvidia.com/gpu.memory": "11441"}}}  # fmt: skip
+
+
+def gpu_pod(name: str, node: str, gpus: int, created: str) -> dict[str, Any]:
+    return {"kind": "Pod",
+            "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "creationTimestamp": created},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
+            "status": {"phase": "Running"}}  # fmt: skip
+
+
+def devices(topology: Topology, node: str = NAME, gpu: int = 0) -> dict[int, Any]:
+    return {d.position: d for d in topology.nodes[node].gpus[gpu].mig_devices or ()}
+
+
+def test_real_node_gives_three_named_instances() -> None:
+    topology, warnings = reconcile([REAL_NODE], [])
+    assert warnings == []
+    node = topology.nodes[NAME]
+    assert (node.gpu_count, node.gpu_memory, node.gpu_product) == (
+        1,
+        40960,
+        "NVIDIA-A100-SXM4-40GB",
+    )
+    assert node.is_dynamic_mig_enabled and topology.mig_strategy == "mixed"
+    got = {p: (d.name, d.gpu_instance_id, d.id) for p, d in devices(topology).items()}
+    assert got == {
+        0: ("2g.10gb", 5, "MIG-298ef8da-e35f-5624-a935-1eb55fc58d0f"),
+        4: ("1g.5gb", 7, "MIG-db7d5b53-1633-569e-a4ec-401c5d7e4a4d"),
+        6: ("1g.5gb", 9, "MIG-a7096e9b-c577-5a19-b530-a69bc26aebe5"),
+    }
+
+
+def test_gpu_ids_are_stable_and_distinct() -> None:
+    first, _ = reconcile([REAL_NODE], [])
+    again, _ = reconcile([REAL_NODE], [])
+    assert first.nodes[NAME].gpus[0].id == again.nodes[NAME].gpus[0].id == gpu_uuid(NAME, 0)
+    assert gpu_uuid(NAME, 0) != gpu_uuid(NAME, 1) != gpu_uuid("other", 0)
+
+
+def test_config_change_without_mapping_has_no_ids_until_mapped() -> None:
+    node = json.loads(json.dumps(REAL_NODE))
+    node["metadata"]["annotations"]["run.ai/mig.config"] = (
+        "mig-configs: {selected: [{devices: [0], mig-enabled: true, mig-devices: {0: 3g.20gb, 4: 3g.20gb}}]}"
+    )
+    topology, warnings = reconcile([node], [])
+    assert warnings == []
+    assert {p: (d.name, d.id, d.gpu_instance_id) for p, d in devices(topology).items()} == {
+        0: ("3g.20gb", None, 2),
+        4: ("3g.20gb", None, 1),
+    }
+    mapping = {
+        "0": [
+            {"position": 0, "device_uuid": "MIG-new-0", "gpu_instance_id": 2},
+            {"position": 4, "device_uuid": "MIG-new-4", "gpu_instance_id": 1},
+        ]
+    }
+    node["metadata"]["annotations"]["run.ai/mig-mapping"] = base64.b64encode(
+        json.dumps(mapping).encode()
+    ).decode()
+    topology, _ = reconcile([node], [])
+    assert {p: d.id for p, d in devices(topology).items()} == {0: "MIG-new-0", 4: "MIG-new-4"}  # fmt: skip
+
+
+def test_running_pod_takes_its_device_and_finished_pods_release_it() -> None:
+    topology, warnings = reconcile([REAL_NODE], [mig_pod("a", 4, gpuindex="0"), mig_pod("done", 6, phase="Succeeded"),
+                                                 mig_pod("failed", 0, phase="Failed", profile="2g.10gb")])  # fmt: skip
+    assert warnings == []
+    held = devices(topology)
+    status = held[4].status
+    assert status is not None and status.allocated_by is not None
+    assert (
+        status.allocated_by.namespace,
+        status.allocated_by.pod,
+        status.allocated_by.container,
+    ) == ("team", "a", "main")
+    assert list(status.pod_gpu_usage_status) == ["uid-a"]
+    assert held[6].status is None and held[0].status is None
+
+
+def test_usage_overrides_and_defaults() -> None:
+    pods = [mig_pod("busy", 4, annotations={"run.ai/simulated-fb-used": "50%", "run.ai/simulated-gpu-utilization": "30-40"}),
+            mig_pod("plain", 6)]  # fmt: skip
+    topology, _ = reconcile([REAL_NODE], pods)
+    busy = devices(topology)[4].status.pod_gpu_usage_status["uid-busy"]  # type: ignore[union-attr]
+    plain = devices(topology)[6].status.pod_gpu_usage_status["uid-plain"]  # type: ignore[union-attr]
+    assert (busy.fb_used, busy.utilization.min, busy.utilization.max) == (2432, 30, 40)
+    assert (plain.fb_used, plain.utilization.min, plain.utilization.max) == (
+        int(4864 * 0.9),
+        80,
+        100,
+    )
+
+
+def test_bad_pod_annotations_warn_and_keep_the_allocation() -> None:
+    pod = mig_pod("odd", 4, annotations={"run.ai/simulated-fb-used": "lots"})
+    topology, warnings = reconcile([REAL_NODE], [pod, mig_pod("lost", 2)])
+    assert [str(w) for w in warnings] == [
+        f"pod team/lost: metadata.annotations[runai-mig-device]: node {NAME} has no MIG device at GPU 0 position 2",
+        "pod team/odd: metadata.annotations[run.ai/simulated-fb-used]: expected MiB or a percentage, got 'lots'",
+    ]
+    assert devices(topology)[4].status is not None
+
+
+def test_one_bad_node_among_many_is_reported_and_the_rest_rendered() -> None:
+    bad = json.loads(json.dumps(REAL_NODE))
+    bad["metadata"]["name"] = "broken"
+    bad["metadata"]["annotations"]["run.ai/mig.config"] = (
+        "mig-configs: {selected: [{devices: [0], mig-enabled: true, mig-devices: {0: 9g.99gb}}]}"
+    )
+    topology, warnings = reconcile([bad, REAL_NODE, whole_gpu_node("k80")], [])
+    assert sorted(topology.nodes) == ["k80", NAME]
+    assert [str(w) for w in warnings] == [
+        "node broken: gpus[0].mig-devices[0].name: unknown profile '9g.99gb' for A100-40GB "
+        "(1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb)"
+    ]
+    # The live controller passes the last good topology: the bad node keeps its entry.
+    before, _ = reconcile([REAL_NODE], [])
+    renamed = Topology(before.mig_strategy, {"broken": before.nodes[NAME]})
+    kept, _ = reconcile([bad], [], previous=renamed)
+    assert kept.nodes["broken"] == before.nodes[NAME]
+
+
+def test_non_gpu_nodes_are_left_out() -> None:
+    topology, warnings = reconcile(
+        [{"kind": "Node", "metadata": {"name": "cpu", "labels": {}}}], []
+    )
+    assert topology.nodes == {} and warnings == [] and topology.mig_strategy == "none"
+
+
+def test_whole_gpus_go_to_pods_oldest_first() -> None:
+    pods = [gpu_pod("late", "k80", 1, "2024-01-02T00:00:00Z"), gpu_pod("early", "k80", 1, "2024-01-01T00:00:00Z"),
+            gpu_pod("greedy", "k80", 2, "2024-01-03T00:00:00Z")]  # fmt: skip
+    topology, warnings = reconcile([whole_gpu_node("k80")], pods)
+    holders = [
+        g.status.allocated_by.pod if g.status and g.status.allocated_by else None
+        for g in topology.nodes["k80"].gpus
+    ]
+    assert holders == ["early", "late"]
+    assert [str(w) for w in warnings] == [
+        "pod ns/greedy: spec.containers[].resources.limits[nvidia.com/gpu]: asks for 2 GPUs, node k80 has 0 free"
+    ]
+
+
+@freeze_time("2026-11-22 10:00:00")
+def test_whole_gpu_series_follow_the_pod_and_the_clock() -> None:
+    pod = gpu_pod("train", "k80", 1, "2024-01-01T00:00:00Z")
+    pod["metadata"]["annotations"] = {
+        "run.ai/simulated-gpu-utilization": "40-60",
+        "run.ai/simulated-fb-used": "1000",
+    }
+    topology, _ = reconcile([whole_gpu_node("k80")], [pod])
+    from time import time
+
+    fams = {f.name: f for f in dcgm.families(topology.nodes["k80"], dcgm.Options("h"), time())}
+    (busy_util, idle_util) = [v for _, v in fams[dcgm.GPU_UTIL].samples]
+    assert 40 <= busy_util <= 60 and idle_util == 0
+    labels, used = fams[dcgm.FB_USED].samples[0]
+    assert used == 1000 and dict(labels)["pod"] == "train" and dict(labels)["namespace"] == "ns"
+    assert dict(labels)["container"] == "c" and dict(labels)["modelName"] == "Tesla-K80"
+    assert [v for _, v in fams[dcgm.FB_FREE].samples] == [11441 - 1000, 11441]

@@ -1,0 +1,122 @@
+"""The topology schema: round trip, and validation errors that name the node and field."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from conftest import SAMPLES
+from hypothesis import given
+from hypothesis import strategies as st
+
+from topology.errors import TopologyError
+from topology.model import dump_yaml, load_yaml
+from topology.validate import errors
+
+SAMPLE = yaml.safe_load((SAMPLES / "topology" / "a100-40gb-active.yaml").read_text())["data"][
+    "topology.yml"
+]
+
+
+def test_sample_round_trips_byte_for_byte() -> None:
+    topology = load_yaml(SAMPLE)
+    assert dump_yaml(topology) == SAMPLE
+    assert load_yaml(dump_yaml(topology)) == topology
+    assert errors(topology) == []
+
+
+def test_schema_keys_are_kebab_case_as_documented() -> None:
+    doc = yaml.safe_load(SAMPLE)
+    node = doc["nodes"]["qa-mig-worker-gpu-a100"]
+    assert list(doc) == ["mig-strategy", "nodes"]
+    assert list(node) == [
+        "gpu-count",
+        "gpu-memory",
+        "gpu-product",
+        "is-dynamic-mig-enabled",
+        "gpus",
+    ]
+    dev = node["gpus"][0]["mig-devices"][0]
+    assert list(dev) == ["id", "name", "position", "gpu-instance-id", "status"]
+    assert list(dev["status"]) == ["allocated-by", "pod-gpu-usage-status"]
+    (usage,) = dev["status"]["pod-gpu-usage-status"].values()
+    assert list(usage) == ["utilization", "fb-used", "is-inference-pod"]
+
+
+def topology_with(devices: list[dict[str, object]], *, gpu_count: int = 1, gpus: int = 1) -> str:
+    doc = {
+        "mig-strategy": "mixed",
+        "nodes": {
+            "n1": {
+                "gpu-count": gpu_count, "gpu-memory": 40960, "gpu-product": "NVIDIA-A100-SXM4-40GB",
+                "is-dynamic-mig-enabled": True,
+                "gpus": [{"id": f"GPU-{i}", "mig-devices": devices} for i in range(gpus)],
+            }
+        },
+    }  # fmt: skip
+    return yaml.safe_dump(doc)
+
+
+def one_error(text: str) -> str:
+    found = errors(load_yaml(text))
+    assert len(found) == 1, found
+    message = str(found[0])
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    ("devices", "expected"),
+    [
+        ([{"name": "3g.40gb", "position": 0, "gpu-instance-id": 2}],
+         "node n1: gpus[0].mig-devices[0].name: unknown profile '3g.40gb' for A100-40GB"),
+        ([{"name": "2g.10gb", "position": 0, "gpu-instance-id": 5}, {"name": "1g.5gb", "position": 1, "gpu-instance-id": 12}],
+         "node n1: gpus[0].mig-devices[1].position: 1g.5gb@1 overlaps 2g.10gb@0"),
+        ([{"name": "2g.10gb", "position": 1, "gpu-instance-id": 5}],
+         "node n1: gpus[0].mig-devices[0].position: 2g.10gb cannot start at 1 (valid: 0, 2, 4)"),
+        ([{"name": "3g.20gb", "position": 6, "gpu-instance-id": 2}],
+         "node n1: gpus[0].mig-devices[0].position: 3g.20gb at 6 is outside the GPU's 8 memory slices"),
+        ([{"name": "1g.5gb", "position": 7, "gpu-instance-id": 10}],
+         "node n1: gpus[0].mig-devices[0].position: 1g.5gb cannot start at 7"),
+        ([{"id": "MIG-a", "name": "1g.5gb", "position": 0, "gpu-instance-id": 11},
+          {"id": "MIG-a", "name": "1g.5gb", "position": 1, "gpu-instance-id": 12}],
+         "node n1: gpus[0].mig-devices[1].id: duplicate id MIG-a"),
+    ],
+)  # fmt: skip
+def test_impossible_layouts_are_named(devices: list[dict[str, object]], expected: str) -> None:
+    assert one_error(topology_with(devices)).startswith(expected)
+
+
+def test_gpu_index_beyond_gpu_count() -> None:
+    assert (
+        one_error(topology_with([], gpu_count=1, gpus=2))
+        == "node n1: gpus[1]: GPU index >= gpu-count 1"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("nodes: [1, 2]", "topology: nodes: expected a mapping, got list"),
+        ("mig-strategy: both", "topology: mig-strategy: must be one of none, single, mixed, got 'both'"),
+        ("nodes: {n1: {gpu-count: one}}", "topology: nodes.n1.gpu-count: expected an integer, got 'one'"),
+        ("nodes: {n1: {gpu-count: 1, gpu-memory: 1}}", "topology: nodes.n1.gpu-product: is required"),
+        ("nodes: {n1: {gpu-count: 1, gpu-memory: 1, gpu-product: x, gpus: [{status: {}}]}}",
+         "topology: nodes.n1.gpus[0].id: is required"),
+        ("a: [", "topology: topology.yml: is not valid YAML"),
+    ],
+)  # fmt: skip
+def test_malformed_documents_are_named(text: str, expected: str) -> None:
+    with pytest.raises(TopologyError) as e:
+        load_yaml(text)
+    assert str(e.value).startswith(expected)
+    assert "\n" not in str(e.value)
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=12), c, max_size=4)))  # fmt: skip
+def test_any_yaml_document_loads_or_fails_with_a_topology_error(doc: object) -> None:
+    try:
+        topology = load_yaml(yaml.safe_dump(doc))
+    except TopologyError:
+        return
+    errors(topology)  # a loaded topology can always be validated
