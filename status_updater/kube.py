@@ -101,7 +101,7 @@ def list_watch(
                 continue
             _report(what, e, on_error)
             backoff.wait(stop)
-        except TRANSIENT as e:
+        except Exception as e:  # noqa: BLE001  a watch thread must outlive any one bad response
             _report(what, e, on_error)
             backoff.wait(stop)
 
@@ -122,24 +122,23 @@ def _watch_once(
     selectors: Mapping[str, str],
 ) -> str | None:
     """One watch stream; returns the resourceVersion to resume from."""
-    w = kubernetes.watch.Watch()
+    # return_type "object": events keep the plain JSON the list gives; no model objects built.
+    w = kubernetes.watch.Watch(return_type="object")
     kwargs: dict[str, Any] = dict(selectors)
     if version:
         kwargs["resource_version"] = version
     kwargs["allow_watch_bookmarks"] = True
-    # deserialize=False: plain JSON, as the list gives; no model objects to build and throw away.
     # timeout_seconds also makes the client raise 410 instead of retrying it silently.
     for event in w.stream(
         list_call,
         timeout_seconds=timeout_s,
         _request_timeout=(REQUEST_TIMEOUT[0], timeout_s + 5),
-        deserialize=False,
         **kwargs,
     ):
         if stop.is_set():
             w.stop()
             break
-        raw = event.get("object")
+        raw = event.get("raw_object")
         if not isinstance(raw, dict):
             continue
         version = _version(raw) or version

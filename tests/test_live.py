@@ -1,0 +1,275 @@
+"""The two daemons as a user runs them: real processes, the official client over HTTP, a kubeconfig,
+against kmock's KubernetesEmulator on 127.0.0.1 (plain, and extended with resourceVersions,
+410 Gone, 409 conflicts and stream cuts in tests/kubeapi.py)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import ROOT, SAMPLES
+from kubeapi import KubeAPI, eventually
+from promtext import by_name, parse
+from test_cli import free_port, get
+
+NS = "gpu-operator"
+NODE = "qa-mig-worker-gpu-a100"
+REAL_NODE: dict[str, Any] = yaml.safe_load(
+    (SAMPLES / "nodes" / "a100-40gb-3-instances.yaml").read_text()
+)
+
+
+class Daemons:
+    def __init__(self, kube: KubeAPI, tmp_path: Path) -> None:
+        self.kube = kube
+        self.kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        self.procs: list[subprocess.Popen[str]] = []
+        self.logs = tmp_path
+
+    def start(self, *args: str, name: str) -> subprocess.Popen[str]:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "TOPOLOGY_CM_NAMESPACE": NS,
+               "POD_NAME": name, "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        log = (self.logs / f"{name}.log").open("w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *args], cwd=ROOT, env=env, stdout=log, stderr=log, text=True
+        )
+        self.procs.append(proc)
+        return proc
+
+    def updater(self, name: str = "updater-0") -> subprocess.Popen[str]:
+        return self.start("status_updater", "run", name=name)
+
+    def exporter(self) -> str:
+        port = free_port()
+        self.start(
+            "exporter",
+            "--node-name",
+            NODE,
+            "--address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            name="exporter",
+        )
+        return f"http://127.0.0.1:{port}"
+
+    def log(self, name: str) -> str:
+        return (self.logs / f"{name}.log").read_text()
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+@pytest.fixture(params=[True, False], ids=["strict-emulator", "plain-kmock"])
+def daemons(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemons]:
+    with KubeAPI.start(strict=request.param) as kube:
+        d = Daemons(kube, tmp_path)
+        try:
+            yield d
+        finally:
+            d.stop()
+
+
+def topology(kube: KubeAPI) -> dict[str, Any] | None:
+    cm = kube.find("configmaps", "topology", NS)
+    return yaml.safe_load(cm["data"]["topology.yml"]) if cm else None
+
+
+def mig_devices(kube: KubeAPI) -> list[dict[str, Any]] | None:
+    t = topology(kube)
+    node = (t or {}).get("nodes", {}).get(NODE)
+    return node["gpus"][0].get("mig-devices") if node else None
+
+
+def fb(url: str) -> dict[str, tuple[str, float]]:
+    """GI id -> (profile, FB_USED) as the exporter serves it."""
+    series = by_name(parse(get(f"{url}/metrics")[1]), "DCGM_FI_DEV_FB_USED")
+    return {s.label("GPU_I_ID"): (s.label("GPU_I_PROFILE"), s.value) for s in series}
+
+
+def node_object(config: str | None = None, mapping: dict[str, Any] | None = None) -> dict[str, Any]:
+    meta = REAL_NODE["metadata"]
+    annotations = {}
+    if config is not None:
+        annotations["run.ai/mig.config"] = config
+    if mapping is not None:
+        annotations["run.ai/mig-mapping"] = base64.b64encode(json.dumps(mapping).encode()).decode()
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": NODE, "labels": meta["labels"], "annotations": annotations}}  # fmt: skip
+
+
+def mig_pod(name: str, position: int, fb_used: int) -> dict[str, Any]:
+    device = {
+        "name": "nvidia.com/mig-1g.5gb",
+        "position": position,
+        "gpuamount": 1,
+        "gpuindex": "0",
+    }
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "runai-p1", "uid": f"uid-{name}",
+                     "annotations": {"runai-mig-device": json.dumps(device), "run.ai/simulated-fb-used": str(fb_used)}},
+        "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "gpu-burn"}]},
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+
+
+FOUR_SMALL = "mig-configs: {selected: [{devices: [0], mig-enabled: true, mig-devices: {0: 1g.5gb, 1: 1g.5gb, 4: 1g.5gb, 6: 1g.5gb}}]}"
+ONE_BIG = "mig-configs: {selected: [{devices: [0], mig-enabled: true, mig-devices: [{name: 7g.40gb, position: 0, size: 8}]}]}"
+
+
+def test_cluster_changes_reach_the_configmap_and_metrics(daemons: Daemons) -> None:
+    kube = daemons.kube
+    daemons.updater()
+    url = daemons.exporter()
+    # The exporter has no topology yet: it says so.
+    status, reason = eventually(lambda: (r := get(f"{url}/health"))[0] == 503 and r, timeout=20)
+    assert "ConfigMap gpu-operator/topology" in reason or "no topology" in reason
+
+    # Node annotated: the topology appears, devices without ids until the mapping names them.
+    kube.create("nodes", node_object(FOUR_SMALL))
+    devices = eventually(lambda: mig_devices(kube), timeout=20)
+    assert [(d["name"], d["position"], d.get("id")) for d in devices] == [
+        ("1g.5gb", 0, None), ("1g.5gb", 1, None), ("1g.5gb", 4, None), ("1g.5gb", 6, None)]  # fmt: skip
+    mapping = {"0": [{"position": p, "device_uuid": f"MIG-{p}", "gpu_instance_id": gi}
+                     for p, gi in ((0, 11), (1, 12), (4, 7), (6, 9))]}  # fmt: skip
+    kube.patch(
+        "nodes",
+        NODE,
+        {"metadata": {"annotations": node_object(FOUR_SMALL, mapping)["metadata"]["annotations"]}},
+    )
+    eventually(
+        lambda: (
+            [d.get("id") for d in mig_devices(kube) or []] == ["MIG-0", "MIG-1", "MIG-4", "MIG-6"]
+        ),
+        timeout=10,
+    )
+    eventually(lambda: get(f"{url}/health")[0] == 200, timeout=10)
+    assert fb(url) == {
+        "11": ("1g.5gb", 6),
+        "12": ("1g.5gb", 6),
+        "7": ("1g.5gb", 6),
+        "9": ("1g.5gb", 6),
+    }
+
+    # A pod takes the instance at position 6: its FB_USED rises.
+    kube.create("pods", mig_pod("burn", 6, 4384), namespace="runai-p1")
+    eventually(lambda: fb(url)["9"] == ("1g.5gb", 4384), timeout=10)
+    held = [d for d in mig_devices(kube) or [] if d["position"] == 6][0]
+    assert held["status"]["allocated-by"] == {
+        "namespace": "runai-p1",
+        "pod": "burn",
+        "container": "main",
+    }
+
+    # Pod deleted: released.
+    kube.delete("pods", "burn", namespace="runai-p1")
+    eventually(lambda: fb(url)["9"] == ("1g.5gb", 6), timeout=10)
+
+    # Re-partitioned into one 7g.40gb: /metrics follows.
+    kube.patch(
+        "nodes",
+        NODE,
+        {"metadata": {"annotations": {"run.ai/mig.config": ONE_BIG, "run.ai/mig-mapping": None}}},
+    )
+    eventually(lambda: fb(url) == {"0": ("7g.40gb", 6)}, timeout=10)
+
+    # Node deleted: its entry goes, the exporter serves no GPU series and says why.
+    kube.delete("nodes", NODE)
+    eventually(lambda: topology(kube) == {"mig-strategy": "none", "nodes": {}}, timeout=10)
+    eventually(
+        lambda: get(f"{url}/metrics")[1] == "" and get(f"{url}/health")[0] == 503, timeout=10
+    )
+
+
+def test_two_replicas_one_writer(daemons: Daemons) -> None:
+    kube = daemons.kube
+    kube.create("nodes", node_object(FOUR_SMALL))
+    a, b = daemons.updater("updater-a"), daemons.updater("updater-b")
+    eventually(lambda: mig_devices(kube), timeout=20)
+    lease = eventually(lambda: kube.find("leases", "topology-status-updater", NS), timeout=10)
+    leader = lease["spec"]["holderIdentity"]
+    assert leader in ("updater-a", "updater-b")
+    for i in range(5):
+        kube.create("pods", mig_pod(f"p{i}", [0, 1, 4, 6][i % 4], 100 + i), namespace="runai-p1")
+    eventually(lambda: sum("status" in d for d in mig_devices(kube) or []) == 4, timeout=10)
+    time.sleep(1)
+    follower = "updater-b" if leader == "updater-a" else "updater-a"
+    assert "wrote ConfigMap" in daemons.log(leader)
+    assert "wrote ConfigMap" not in daemons.log(follower)
+    assert "device already held by" in daemons.log(leader)  # the fifth pod asks for a taken device
+
+    # The leader stops (SIGTERM: exit 0 within 2 s); the standby takes over and keeps writing.
+    proc = a if leader == "updater-a" else b
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=5) == 0
+    assert time.monotonic() - started < 2
+    eventually(
+        lambda: (
+            kube.find("leases", "topology-status-updater", NS)["spec"]["holderIdentity"] == follower
+        ),
+        timeout=20,
+    )
+    # p0 goes; p4, which waited for the same instance, now holds it.
+    kube.delete("pods", "p0", namespace="runai-p1")
+    at_zero = lambda: [d for d in mig_devices(kube) or [] if d["position"] == 0][0]  # noqa: E731
+    eventually(lambda: at_zero()["status"]["allocated-by"]["pod"] == "p4", timeout=15)
+    assert "wrote ConfigMap" in daemons.log(follower)
+    assert "Traceback" not in daemons.log(leader) + daemons.log(follower)
+
+
+@pytest.fixture
+def strict(tmp_path: Path) -> Iterator[Daemons]:
+    with KubeAPI.start(strict=True) as kube:
+        d = Daemons(kube, tmp_path)
+        try:
+            yield d
+        finally:
+            d.stop()
+
+
+def test_watch_recovers_from_410_cuts_and_errors(strict: Daemons) -> None:
+    kube = strict.kube
+    strict.updater()
+    url = strict.exporter()
+    kube.create("nodes", node_object(FOUR_SMALL))
+    eventually(lambda: len(fb(url)) == 4, timeout=20)
+    # Watches expire (410 Gone), streams are cut, and the API answers 500 a few times.
+    kube.expire_watches(4)
+    kube.cut_watches(abort=True)
+    kube.fail_next(3, status=500, action="list")
+    kube.create("pods", mig_pod("after-faults", 4, 321), namespace="runai-p1")
+    eventually(lambda: fb(url)["7"] == ("1g.5gb", 321), timeout=20)
+    kube.compact()
+    kube.cut_watches()
+    kube.delete("pods", "after-faults", namespace="runai-p1")
+    eventually(lambda: fb(url)["7"] == ("1g.5gb", 6), timeout=20)
+    assert "Traceback" not in strict.log("updater-0") + strict.log("exporter")
+
+
+def test_exporter_keeps_the_last_good_topology(strict: Daemons) -> None:
+    kube = strict.kube
+    strict.updater()
+    url = strict.exporter()
+    kube.create("nodes", node_object(ONE_BIG))
+    eventually(lambda: fb(url) == {"0": ("7g.40gb", 6)}, timeout=20)
+    assert get(f"{url}/health") == (200, "ok\n")
+    # Someone breaks the ConfigMap: metrics stay, health says why in one line.
+    kube.patch("configmaps", "topology", {"data": {"topology.yml": "nodes: ["}}, namespace=NS)
+    status, reason = eventually(lambda: (r := get(f"{url}/health"))[0] == 503 and r, timeout=10)
+    assert "not valid YAML" in reason and len(reason.strip().splitlines()) == 1
+    assert fb(url) == {"0": ("7g.40gb", 6)}
