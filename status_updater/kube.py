@@ -101,7 +101,7 @@ def list_watch(
                 continue
             _report(what, e, on_error)
             backoff.wait(stop)
-        except Exception as e:  # noqa: BLE001  a watch thread must outlive any one bad response
+        except Exception as e:  # a watch thread must outlive any one bad response
             _report(what, e, on_error)
             backoff.wait(stop)
 

@@ -136,7 +136,7 @@ def test_cluster_changes_reach_the_configmap_and_metrics(daemons: Daemons) -> No
     daemons.updater()
     url = daemons.exporter()
     # The exporter has no topology yet: it says so.
-    status, reason = eventually(lambda: (r := get(f"{url}/health"))[0] == 503 and r, timeout=20)
+    _status, reason = eventually(lambda: (r := get(f"{url}/health"))[0] == 503 and r, timeout=20)
     assert "ConfigMap gpu-operator/topology" in reason or "no topology" in reason
 
     # Node annotated: the topology appears, devices without ids until the mapping names them.
@@ -168,7 +168,7 @@ def test_cluster_changes_reach_the_configmap_and_metrics(daemons: Daemons) -> No
     # A pod takes the instance at position 6: its FB_USED rises.
     kube.create("pods", mig_pod("burn", 6, 4384), namespace="runai-p1")
     eventually(lambda: fb(url)["9"] == ("1g.5gb", 4384), timeout=10)
-    held = [d for d in mig_devices(kube) or [] if d["position"] == 6][0]
+    held = next(d for d in mig_devices(kube) or [] if d["position"] == 6)
     assert held["status"]["allocated-by"] == {
         "namespace": "runai-p1",
         "pod": "burn",
@@ -226,7 +226,7 @@ def test_two_replicas_one_writer(daemons: Daemons) -> None:
     )
     # p0 goes; p4, which waited for the same instance, now holds it.
     kube.delete("pods", "p0", namespace="runai-p1")
-    at_zero = lambda: [d for d in mig_devices(kube) or [] if d["position"] == 0][0]  # noqa: E731
+    at_zero = lambda: next(d for d in mig_devices(kube) or [] if d["position"] == 0)  # noqa: E731
     eventually(lambda: at_zero()["status"]["allocated-by"]["pod"] == "p4", timeout=15)
     assert "wrote ConfigMap" in daemons.log(follower)
     assert "Traceback" not in daemons.log(leader) + daemons.log(follower)
@@ -270,6 +270,6 @@ def test_exporter_keeps_the_last_good_topology(strict: Daemons) -> None:
     assert get(f"{url}/health") == (200, "ok\n")
     # Someone breaks the ConfigMap: metrics stay, health says why in one line.
     kube.patch("configmaps", "topology", {"data": {"topology.yml": "nodes: ["}}, namespace=NS)
-    status, reason = eventually(lambda: (r := get(f"{url}/health"))[0] == 503 and r, timeout=10)
+    _status, reason = eventually(lambda: (r := get(f"{url}/health"))[0] == 503 and r, timeout=10)
     assert "not valid YAML" in reason and len(reason.strip().splitlines()) == 1
     assert fb(url) == {"0": ("7g.40gb", 6)}
