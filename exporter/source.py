@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from topology.errors import TopologyError
+from topology.errors import TopologyError, one_line
 from topology.model import NodeTopology, Topology, from_dict
 from topology.validate import duplicate_id_errors, node_errors
 
@@ -19,9 +19,7 @@ def parse_topology_document(text: str, obj: str) -> Topology:
     try:
         doc: Any = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise TopologyError(
-            obj, "topology", f"is not valid YAML: {' '.join(str(e).split())}"
-        ) from None
+        raise TopologyError(obj, "topology", f"is not valid YAML: {one_line(e)}") from None
     if isinstance(doc, Mapping) and doc.get("kind") == "ConfigMap":
         return configmap_topology(doc, obj)
     return from_dict(doc, obj)
@@ -35,9 +33,7 @@ def configmap_topology(cm: Mapping[str, Any], obj: str) -> Topology:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise TopologyError(
-            obj, f"data[{DATA_KEY}]", f"is not valid YAML: {' '.join(str(e).split())}"
-        ) from None
+        raise TopologyError(obj, f"data[{DATA_KEY}]", f"is not valid YAML: {one_line(e)}") from None
     return from_dict(doc, obj)
 
 

@@ -17,6 +17,8 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from topology.errors import one_line
+
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 REQUEST_TIMEOUT = (5.0, 30.0)  # connect, read: every call has one
@@ -38,7 +40,7 @@ def api_client(kubeconfig: str | None) -> kubernetes.client.ApiClient:
             kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
     except (kubernetes.config.ConfigException, OSError, TypeError, ValueError) as e:
         where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-        raise ConfigError(f"kubeconfig {where}: {' '.join(str(e).split())}") from None
+        raise ConfigError(f"kubeconfig {where}: {one_line(e)}") from None
     return kubernetes.client.ApiClient(config)
 
 

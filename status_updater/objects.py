@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+from topology.errors import one_line
+
 SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -39,9 +41,7 @@ def _documents(path: Path) -> Iterator[Any]:
         else:
             yield from list(yaml.safe_load_all(text))
     except (yaml.YAMLError, ValueError) as e:
-        raise InputError(
-            f"{path}: not valid {path.suffix[1:].upper()}: {' '.join(str(e).split())}"
-        ) from None
+        raise InputError(f"{path}: not valid {path.suffix[1:].upper()}: {one_line(e)}") from None
 
 
 def load_objects(paths: list[str], default_kind: str) -> Iterator[dict[str, Any]]:

@@ -11,3 +11,8 @@ class TopologyError(ValueError):
         self.obj = obj
         self.field = field
         self.message = message
+
+
+def one_line(e: BaseException) -> str:
+    """A library's message (YAML errors span lines) folded onto one line."""
+    return " ".join(str(e).split())

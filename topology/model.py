@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from topology.errors import TopologyError
+from topology.errors import TopologyError, one_line
 
 MIG_STRATEGIES = ("none", "single", "mixed")
 
@@ -257,9 +257,5 @@ def load_yaml(text: str, obj: str = "topology") -> Topology:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise TopologyError(obj, "topology.yml", f"is not valid YAML: {_one_line(e)}") from None
+        raise TopologyError(obj, "topology.yml", f"is not valid YAML: {one_line(e)}") from None
     return from_dict(data, obj)
-
-
-def _one_line(e: Exception) -> str:
-    return " ".join(str(e).split())

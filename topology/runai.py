@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from topology.catalog import base_product
-from topology.errors import TopologyError
+from topology.errors import TopologyError, one_line
 
 LABEL_DYNAMIC_MIG = "node-role.kubernetes.io/runai-dynamic-mig"
 LABEL_MIG_ENABLED = "node-role.kubernetes.io/runai-mig-enabled"
@@ -28,10 +28,6 @@ ANNOTATION_MIG_CONFIG = "run.ai/mig.config"
 ANNOTATION_MIG_MAPPING = "run.ai/mig-mapping"
 ANNOTATION_POD_MIG_DEVICE = "runai-mig-device"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-
-
-def _one_line(e: Exception) -> str:
-    return " ".join(str(e).split())
 
 
 def _int(value: object, obj: str, field: str) -> int:
@@ -99,7 +95,7 @@ def parse_mig_config(text: str, obj: str, gpu_count: int) -> MigLayout:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise TopologyError(obj, field, f"is not valid YAML: {_one_line(e)}") from None
+        raise TopologyError(obj, field, f"is not valid YAML: {one_line(e)}") from None
     configs = doc.get("mig-configs") if isinstance(doc, dict) else None
     selected = configs.get("selected") if isinstance(configs, dict) else None
     if not isinstance(selected, list):
@@ -178,7 +174,7 @@ def parse_mig_mapping(text: str, obj: str) -> dict[tuple[int, int], MappedDevice
         raw = base64.b64decode(text.strip(), validate=True)
         doc = json.loads(raw)
     except (binascii.Error, ValueError) as e:
-        raise TopologyError(obj, field, f"is not base64-encoded JSON: {_one_line(e)}") from None
+        raise TopologyError(obj, field, f"is not base64-encoded JSON: {one_line(e)}") from None
     if not isinstance(doc, dict):
         raise TopologyError(obj, field, f"expected a JSON object, got {type(doc).__name__}")
     mapping: dict[tuple[int, int], MappedDevice] = {}
@@ -224,7 +220,7 @@ def parse_pod_mig_device(text: str, obj: str) -> PodMigDevice:
     try:
         doc: Any = json.loads(text)
     except ValueError as e:
-        raise TopologyError(obj, field, f"is not JSON: {_one_line(e)}") from None
+        raise TopologyError(obj, field, f"is not JSON: {one_line(e)}") from None
     if not isinstance(doc, dict):
         raise TopologyError(obj, field, f"expected a JSON object, got {type(doc).__name__}")
     name = doc.get("name")
