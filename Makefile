@@ -23,5 +23,5 @@ lint: $(VENV)/.installed
 	$(PY) -m mypy
 
 test: $(VENV)/.installed lint
-	./scripts/install-kubectl
+	./scripts/install-test-tools
 	$(PY) -m pytest

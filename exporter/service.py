@@ -28,12 +28,13 @@ class Exporter:
         node_name: str,
         options: dcgm.Options,
         published: Published,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.node_name = node_name
         self.options = options
         self.published = published
-        self.clock = clock
+        # Looked up on each call, so a patched time.time (freezegun) is the one used.
+        self.clock = clock or (lambda: time.time())
         self.wake = threading.Event()
         self._node: NodeTopology | None = None
         self._problem: str | None = "no topology yet"

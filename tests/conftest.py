@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples" / "mig"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # freezegun scans every module; the kubernetes client imports pydantic models lazily on attribute
-# access, and those cannot be built around a fake datetime. pytest keeps its own clock.
-freezegun.configure(extend_ignore_list=["pydantic", "kmock", "kubernetes", "_pytest"])
+# access, and those cannot be built around a fake datetime.
+freezegun.configure(extend_ignore_list=["pydantic", "kmock", "kubernetes"])
 
 
 def run_cli(

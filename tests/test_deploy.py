@@ -8,7 +8,7 @@
 (c) what a reviewer would check by hand: names, labels, ports, probes, pod security,
     resources and least-privilege RBAC.
 
-kubectl is required (install it with ./scripts/install-kubectl); these tests fail, they do
+kubectl is required (install it with ./scripts/install-test-tools); these tests fail, they do
 not skip, when it is missing.
 """
 
@@ -167,7 +167,7 @@ def kubectl() -> str:
     if path is None:
         pytest.fail(
             "kubectl is not on PATH; it is needed to render deploy/ with `kubectl kustomize`. "
-            "Install it with ./scripts/install-kubectl",
+            "Install it with ./scripts/install-test-tools",
             pytrace=False,
         )
     return path

@@ -273,3 +273,59 @@ def test_exporter_keeps_the_last_good_topology(strict: Daemons) -> None:
     _status, reason = eventually(lambda: (r := get(f"{url}/health"))[0] == 503 and r, timeout=10)
     assert "not valid YAML" in reason and len(reason.strip().splitlines()) == 1
     assert fb(url) == {"0": ("7g.40gb", 6)}
+
+
+def test_pod_storm_gives_few_writes_and_a_conflict_is_reapplied(strict: Daemons) -> None:
+    kube = strict.kube
+    strict.updater()
+    kube.create("nodes", node_object(FOUR_SMALL))
+    eventually(lambda: mig_devices(kube), timeout=20)
+    time.sleep(0.5)
+
+    def writes() -> int:
+        return sum(
+            e.method in ("PATCH", "POST") and "/configmaps" in e.path for e in kube.journal()
+        )
+
+    before = writes()
+    for i in range(60):  # a storm: 4 GPU pods among 56 others coming and going
+        if i < 4:
+            kube.create("pods", mig_pod(f"gpu-{i}", [0, 1, 4, 6][i], 100 + i), namespace="runai-p1")
+        else:
+            other = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"web-{i}", "namespace": "web"},
+                     "spec": {"nodeName": "cpu-node", "containers": [{"name": "web", "image": "nginx"}]},
+                     "status": {"phase": "Running"}}  # fmt: skip
+            kube.create("pods", other, namespace="web")
+    eventually(lambda: sum("status" in d for d in mig_devices(kube) or []) == 4, timeout=10)
+    time.sleep(1)
+    assert writes() - before <= 8, (
+        "a burst of pod events should coalesce into a few ConfigMap writes"
+    )
+
+    # The API answers 409 to the next write: the updater re-reads and applies again.
+    kube.fail_next(1, status=409, method="PATCH", plural="configmaps")
+    kube.delete("pods", "gpu-0", namespace="runai-p1")
+    at_zero = lambda: next(d for d in mig_devices(kube) or [] if d["position"] == 0)  # noqa: E731
+    eventually(lambda: "status" not in at_zero(), timeout=10)
+    assert any(e.fault == 409 for e in kube.journal())
+
+
+def test_configmap_change_reaches_metrics_within_a_second(strict: Daemons) -> None:
+    kube = strict.kube
+    url = strict.exporter()
+    text = (SAMPLES / "topology" / "a100-40gb-active.yaml").read_text()
+    kube.create("configmaps", yaml.safe_load(text), namespace=NS)
+    eventually(lambda: len(fb(url)) == 3, timeout=20)
+    inner = yaml.safe_load(yaml.safe_load(text)["data"]["topology.yml"])
+    inner["nodes"][NODE]["gpus"][0]["mig-devices"] = [
+        {"name": "7g.40gb", "position": 0, "gpu-instance-id": 0}
+    ]
+    kube.patch(
+        "configmaps", "topology", {"data": {"topology.yml": yaml.safe_dump(inner)}}, namespace=NS
+    )
+    eventually(lambda: fb(url) == {"0": ("7g.40gb", 6)}, timeout=1.0)
+    # Deleted: the last good series stay, health says the ConfigMap is gone.
+    kube.delete("configmaps", "topology", namespace=NS)
+    _status, reason = eventually(lambda: (r := get(f"{url}/health"))[0] == 503 and r, timeout=5)
+    assert reason.startswith("ConfigMap gpu-operator/topology: not found")
+    assert fb(url) == {"0": ("7g.40gb", 6)}

@@ -1,0 +1,90 @@
+"""The exporter's state machine: render on change, time from a clock freezegun controls,
+last good topology kept when an update is bad."""
+
+from __future__ import annotations
+
+import yaml
+from conftest import SAMPLES
+from freezegun import freeze_time
+from promtext import by_name, parse
+
+from exporter import dcgm
+from exporter.server import Published
+from exporter.service import Exporter
+from topology.model import (
+    AllocatedBy,
+    DeviceStatus,
+    Gpu,
+    NodeTopology,
+    PodUsage,
+    Topology,
+    Utilization,
+    load_yaml,
+)
+
+MIG = load_yaml(
+    yaml.safe_load((SAMPLES / "topology" / "a100-40gb-active.yaml").read_text())["data"][
+        "topology.yml"
+    ]
+)
+
+
+def whole_gpu(lo: int, hi: int) -> Topology:
+    usage = PodUsage(Utilization(lo, hi), fb_used=1000)
+    gpu = Gpu("GPU-1", DeviceStatus(AllocatedBy("ns", "pod", "c"), {"uid-1": usage}))
+    return Topology("none", {"n": NodeTopology(2, 11441, "Tesla-K80", gpus=(gpu, Gpu("GPU-2")))})
+
+
+def util(exporter: Exporter) -> list[float]:
+    return [
+        s.value for s in by_name(parse(exporter.snapshot().body.decode()), "DCGM_FI_DEV_GPU_UTIL")
+    ]
+
+
+def test_utilization_is_deterministic_in_time_and_within_range() -> None:
+    with freeze_time("2026-11-22 10:00:00") as clock:
+        exporter = Exporter("n", dcgm.Options("h"), Published())
+        exporter.update(whole_gpu(20, 90), "t")
+        first = util(exporter)
+        assert 20 <= first[0] <= 90 and first[1] == 0  # the free GPU is idle
+        clock.tick(dcgm.UTILIZATION_STEP_S - 1)
+        assert util(exporter) == first  # one value per step
+        seen = set()
+        for _ in range(30):
+            clock.tick(dcgm.UTILIZATION_STEP_S)
+            value = util(exporter)[0]
+            assert 20 <= value <= 90
+            seen.add(value)
+        assert len(seen) > 5  # it moves, step by step
+        again = Exporter("n", dcgm.Options("h"), Published())
+        again.update(whole_gpu(20, 90), "t")
+        assert util(again) == util(exporter)  # same clock, same numbers: reproducible runs
+
+
+def test_fixed_utilization() -> None:
+    exporter = Exporter("n", dcgm.Options("h"), Published())
+    exporter.update(whole_gpu(73, 73), "t")
+    assert util(exporter) == [73, 0]
+
+
+def test_health_and_last_good_state() -> None:
+    exporter = Exporter("qa-mig-worker-gpu-a100", dcgm.Options("h"), Published())
+    snap = exporter.snapshot()
+    assert (snap.healthy, snap.reason, snap.body) == (False, "no topology yet", b"")
+    exporter.update(MIG, "cm")
+    good = exporter.snapshot()
+    assert good.healthy and len(by_name(parse(good.body.decode()), "DCGM_FI_DEV_FB_USED")) == 3
+    # An update whose node no GPU could have: the series stay, health tells why.
+    node = MIG.nodes["qa-mig-worker-gpu-a100"]
+    bad_gpu = Gpu(node.gpus[0].id, mig_devices=(node.gpus[0].mig_devices or ())[:1] * 2)
+    bad = Topology(
+        "mixed",
+        {"qa-mig-worker-gpu-a100": NodeTopology(1, 40960, node.gpu_product, True, (bad_gpu,))},
+    )
+    exporter.update(bad, "cm")
+    snap = exporter.snapshot()
+    assert not snap.healthy and "overlaps" in snap.reason and snap.body == good.body
+    # The node leaves the topology: no series, and health says so.
+    exporter.update(Topology("mixed", {}), "cm")
+    snap = exporter.snapshot()
+    assert snap.body == b"" and "is not in the topology" in snap.reason
