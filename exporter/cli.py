@@ -23,6 +23,12 @@ EXIT_OK, EXIT_USAGE = 0, 2
 log = logging.getLogger("exporter")
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 0-65535, got {text!r}")
+    return int(text)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m exporter",
@@ -42,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--once", action="store_true", help="print the exposition and exit")
     p.add_argument("--address", default="0.0.0.0", help="listen address (default 0.0.0.0)")
-    p.add_argument("--port", type=int, default=9400, help="listen port (default 9400)")
+    p.add_argument("--port", type=_port, default=9400, help="listen port (default 9400)")
     p.add_argument(
         "--driver-version",
         default=os.environ.get("DRIVER_VERSION") or dcgm.DEFAULT_DRIVER_VERSION,
@@ -92,9 +98,15 @@ def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
         )
     else:
         from exporter.watch import watch_configmap
+        from status_updater.kube import ConfigError, api_client
 
+        try:
+            client = api_client(args.kubeconfig)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_USAGE
         source = threading.Thread(
-            target=watch_configmap, args=(exporter, stop, args.kubeconfig), daemon=True
+            target=watch_configmap, args=(exporter, stop, client), daemon=True
         )
     try:
         server = MetricsServer(published, args.address, args.port)

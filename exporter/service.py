@@ -45,8 +45,14 @@ class Exporter:
         except TopologyError as e:
             self._set_problem(f"{e}; serving the last good topology")
         else:
-            self._node = node
-            self._set_problem(None if node else str(missing_node(topology, self.node_name, obj)))
+            if node is None:
+                # Never a state a real node is in for long (a re-applied seed, a relabelled node):
+                # keep what was served, and say why.
+                reason = missing_node(topology, self.node_name, obj)
+                self._set_problem(f"{reason}; serving the last good topology")
+            else:
+                self._node = node
+                self._set_problem(None)
         self.wake.set()
 
     def problem(self, reason: str) -> None:

@@ -13,14 +13,16 @@ import kubernetes
 from exporter.service import Exporter
 from exporter.source import configmap_topology
 from status_updater.configmap import configmap_name, configmap_namespace
-from status_updater.kube import Obj, api_client, list_watch
+from status_updater.kube import Obj, list_watch
 from topology.errors import TopologyError
 
 
-def watch_configmap(exporter: Exporter, stop: threading.Event, kubeconfig: str | None) -> None:
+def watch_configmap(
+    exporter: Exporter, stop: threading.Event, client: kubernetes.client.ApiClient
+) -> None:
     name, namespace = configmap_name(), configmap_namespace()
     obj = f"ConfigMap {namespace}/{name}"
-    core = kubernetes.client.CoreV1Api(api_client(kubeconfig))
+    core = kubernetes.client.CoreV1Api(client)
 
     def apply(cm: Obj | None) -> None:
         if cm is None:

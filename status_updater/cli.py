@@ -40,58 +40,6 @@ def render(nodes: list[str], pods: list[str]) -> int:
     return EXIT_OK
 
 
-def run(kubeconfig: str | None, lease_name: str, identity: str) -> int:
-    import logging
-    import signal
-    import threading
-
-    import kubernetes
-
-    from status_updater.controller import Controller
-    from status_updater.kube import ConfigError, api_client
-    from status_updater.leader import LeaderElector
-
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        client = api_client(kubeconfig)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    name, namespace = configmap_name(), configmap_namespace()
-    stop = threading.Event()
-    controller = Controller(kubernetes.client.CoreV1Api(client), name, namespace)
-    elector = LeaderElector(
-        kubernetes.client.CoordinationV1Api(client),
-        lease_name,
-        namespace,
-        identity,
-        controller.became_leader,
-    )
-    controller.is_leader = elector.is_leader
-
-    def shutdown(*_: object) -> None:
-        stop.set()
-        controller.dirty.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, shutdown)
-    threads = [
-        *controller.informers(stop),
-        threading.Thread(target=elector.run, args=(stop,), daemon=True),
-    ]
-    for t in threads:
-        t.start()
-    logging.getLogger("status_updater").info(
-        "running as %s: ConfigMap %s/%s, lease %s", identity, namespace, name, lease_name
-    )
-    controller.run_writer(stop)
-    # SIGTERM: the writer finished (or never started) its write; watches are daemon threads.
-    elector.release()
-    return EXIT_OK
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m status_updater",
@@ -127,6 +75,13 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
         help="this replica's name in the Lease (env POD_NAME, default host-pid)",
     )
+    live.add_argument(
+        "--resync",
+        type=float,
+        default=float(os.environ.get("RESYNC_SECONDS") or 30),
+        help="seconds between checks that the ConfigMap still holds what was written "
+        "(env RESYNC_SECONDS, default %(default)s)",
+    )
     return p  # fmt: skip
 
 
@@ -135,7 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "render":
             return render(args.nodes, args.pods)
-        return run(args.kubeconfig, args.lease_name, args.identity)
+        from status_updater.daemon import run
+
+        return run(args.kubeconfig, args.lease_name, args.identity, args.resync)
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # the last guard: a user sees one line, never a traceback

@@ -17,13 +17,14 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from status_updater.configmap import DATA_KEY, topology_configmap
-from status_updater.kube import REQUEST_TIMEOUT, TRANSIENT, Backoff, Obj, describe, list_watch
+from status_updater.kube import REQUEST_TIMEOUT, Backoff, Obj, describe, list_watch
 from status_updater.reconcile import reconcile
 from topology.errors import TopologyError
 from topology.model import Topology, dump_yaml, load_yaml
 
 log = logging.getLogger(__name__)
 COALESCE_S = 0.2  # a storm of pod events within this window gives one write
+RESYNC_S = 30.0  # how often a quiet leader re-reads the ConfigMap it owns
 
 
 def slim_node(node: Obj) -> Obj:
@@ -61,8 +62,10 @@ class Controller:
         name: str,
         namespace: str,
         is_leader: Any = lambda: True,
+        resync_s: float = RESYNC_S,
     ) -> None:
         self.core, self.name, self.namespace, self.is_leader = core, name, namespace, is_leader
+        self.resync_s = resync_s
         self.nodes: dict[str, Obj] = {}
         self.pods: dict[str, Obj] = {}
         self.synced = {"nodes": False, "pods": False}
@@ -195,13 +198,21 @@ class Controller:
 
     def run_writer(self, stop: threading.Event) -> None:
         backoff = Backoff()
+        last_check = time.monotonic()
+        verify = False
         while not stop.is_set():
+            if not all(self.synced.values()) or not self.is_leader():
+                stop.wait(0.2)  # changes wait (dirty stays set) until synced and leading
+                continue
             if not self.dirty.wait(1.0):
+                if time.monotonic() - last_check > self.resync_s:
+                    # Someone else may have written the ConfigMap (a re-applied seed): check it.
+                    verify = True
+                    self.dirty.set()
                 continue
             if stop.is_set():
                 return
-            if not all(self.synced.values()) or not self.is_leader():
-                continue  # stays dirty: written once synced and leading
+            last_check = time.monotonic()
             time.sleep(COALESCE_S)
             self.dirty.clear()
             try:
@@ -211,10 +222,11 @@ class Controller:
                 topology = self.desired()
                 if stop.is_set() or not self.is_leader():
                     continue
-                if topology != self.written:
-                    self.write(topology)
+                if topology != self.written or verify:
+                    self.write(topology)  # reads first, writes only if the ConfigMap differs
+                verify = False
                 backoff.reset()
-            except TRANSIENT as e:
+            except Exception as e:  # API trouble, or anything else: the writer must outlive it
                 log.warning("ConfigMap %s/%s: %s; retrying", self.namespace, self.name, describe(e))
                 self.written = None
                 self.dirty.set()

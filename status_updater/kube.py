@@ -41,6 +41,7 @@ def api_client(kubeconfig: str | None) -> kubernetes.client.ApiClient:
     except (kubernetes.config.ConfigException, OSError, TypeError, ValueError) as e:
         where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
         raise ConfigError(f"kubeconfig {where}: {one_line(e)}") from None
+    config.retries = 0  # the loops here retry with backoff; urllib3's own retries only add delay
     return kubernetes.client.ApiClient(config)
 
 
@@ -131,21 +132,25 @@ def _watch_once(
         kwargs["resource_version"] = version
     kwargs["allow_watch_bookmarks"] = True
     # timeout_seconds also makes the client raise 410 instead of retrying it silently.
-    for event in w.stream(
+    stream = w.stream(
         list_call,
         timeout_seconds=timeout_s,
         _request_timeout=(REQUEST_TIMEOUT[0], timeout_s + 5),
         **kwargs,
-    ):
-        if stop.is_set():
-            w.stop()
-            break
-        raw = event.get("raw_object")
-        if not isinstance(raw, dict):
-            continue
-        version = _version(raw) or version
-        if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-            on_event(event["type"], raw)
+    )
+    try:
+        for event in stream:
+            if stop.is_set():
+                w.stop()
+                break
+            raw = event.get("raw_object")
+            if not isinstance(raw, dict):
+                continue
+            version = _version(raw) or version
+            if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                on_event(event["type"], raw)
+    except urllib3.exceptions.ReadTimeoutError:
+        pass  # silent past the server's own timeout (or one that ignores it): just start again
     return version
 
 

@@ -15,11 +15,15 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from status_updater.kube import REQUEST_TIMEOUT, TRANSIENT, describe
+from status_updater.kube import TRANSIENT, describe
 
 log = logging.getLogger(__name__)
 LEASE_DURATION_S = 15
-RENEW_EVERY_S = 5
+# A leader that has not renewed for RENEW_DEADLINE_S stops writing, well before another replica
+# may take the lease (LEASE_DURATION_S after its last renewal).
+RENEW_DEADLINE_S = 10
+RENEW_EVERY_S = 2
+LEASE_TIMEOUT = (2.0, 3.0)  # connect, read: every lease call ends well inside the deadline
 
 
 def _now() -> dt.datetime:
@@ -56,12 +60,13 @@ class LeaderElector:
         self.duration_s = duration_s
         self.leading = threading.Event()
         self._renewed_at: dt.datetime | None = None
+        self._lock = threading.Lock()  # one lease call at a time; release waits for a renewal
+        self._released = False
 
     def is_leader(self) -> bool:
-        # A leader that could not renew in time must assume another replica took over.
-        if self._renewed_at is not None and _now() - self._renewed_at > dt.timedelta(
-            seconds=self.duration_s
-        ):
+        # A leader that could not renew in time must assume another replica is about to take over.
+        renewed = self._renewed_at
+        if renewed is not None and _now() - renewed > dt.timedelta(seconds=RENEW_DEADLINE_S):
             self._set(False)
         return self.leading.is_set()
 
@@ -100,7 +105,7 @@ class LeaderElector:
     def try_acquire_or_renew(self) -> bool:
         try:
             lease = self.api.read_namespaced_lease(
-                self.name, self.namespace, _request_timeout=REQUEST_TIMEOUT
+                self.name, self.namespace, _request_timeout=LEASE_TIMEOUT
             )
         except ApiException as e:
             if e.status != 404:
@@ -109,7 +114,7 @@ class LeaderElector:
                 self.api.create_namespaced_lease(
                     self.namespace,
                     cast(Any, self._body(None, True)),
-                    _request_timeout=REQUEST_TIMEOUT,
+                    _request_timeout=LEASE_TIMEOUT,
                 )
             except ApiException as e2:
                 if e2.status == 409:
@@ -129,7 +134,7 @@ class LeaderElector:
                 self.name,
                 self.namespace,
                 self._body(version if version != "..." else None, holder != self.identity),
-                _request_timeout=REQUEST_TIMEOUT,
+                _request_timeout=LEASE_TIMEOUT,
             )
         except ApiException as e:
             if e.status == 409:
@@ -139,28 +144,49 @@ class LeaderElector:
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
+            # Taken before asking: the renewal the server records is no older than this.
+            started = _now()
             try:
-                if self.try_acquire_or_renew():
-                    self._renewed_at = _now()
+                with self._lock:
+                    if self._released:
+                        return
+                    won = self.try_acquire_or_renew()
+                if won:
+                    self._renewed_at = started
                     self._set(True)
                 else:
                     self._set(False)
-            except TRANSIENT as e:
+            except Exception as e:  # API trouble, or a malformed Lease: keep trying
                 log.warning("lease %s/%s: %s", self.namespace, self.name, describe(e))
-                self.is_leader()  # drops leadership once the lease has run out
-            stop.wait(RENEW_EVERY_S if self.leading.is_set() else RENEW_EVERY_S / 2)
+                self.is_leader()  # drops leadership once the renew deadline has passed
+            stop.wait(RENEW_EVERY_S)
 
     def release(self) -> None:
-        """On shutdown: let a standby replica take over at once instead of after the lease runs out."""
-        if not self.leading.is_set():
-            return
-        self._set(False)
-        try:
-            self.api.patch_namespaced_lease(
-                self.name,
-                self.namespace,
-                {"spec": {"holderIdentity": None, "renewTime": None}},
-                _request_timeout=(1.0, 1.0),
-            )
-        except TRANSIENT as e:
-            log.warning("lease %s/%s not released: %s", self.namespace, self.name, describe(e))
+        """On shutdown: let a standby replica take over at once instead of after the lease runs out.
+
+        Only this replica's own Lease is cleared (the patch carries its resourceVersion), and no
+        renewal runs after it.
+        """
+        with self._lock:
+            self._released = True
+            if not self.leading.is_set():
+                return
+            self._set(False)
+            try:
+                lease = self.api.read_namespaced_lease(
+                    self.name, self.namespace, _request_timeout=(0.5, 0.5)
+                )
+                if lease.spec is None or lease.spec.holder_identity != self.identity:
+                    return
+                meta: dict[str, Any] = {}
+                version = lease.metadata.resource_version if lease.metadata else None
+                if version and version != "...":
+                    meta["resourceVersion"] = version
+                self.api.patch_namespaced_lease(
+                    self.name,
+                    self.namespace,
+                    {"metadata": meta, "spec": {"holderIdentity": None, "renewTime": None}},
+                    _request_timeout=(0.5, 0.5),
+                )
+            except TRANSIENT as e:
+                log.warning("lease %s/%s not released: %s", self.namespace, self.name, describe(e))

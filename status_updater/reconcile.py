@@ -17,7 +17,7 @@ from topology import runai
 from topology.catalog import MIG_SUFFIX, GpuModel, model_for_product
 from topology.errors import TopologyError
 from topology.model import AllocatedBy, DeviceStatus, Gpu, MigDevice, NodeTopology, Topology
-from topology.validate import node_errors
+from topology.validate import duplicate_id_errors, node_errors
 
 Obj = Mapping[str, Any]
 # GPU ids are uuid5 of the node name and index: stable across runs, restarts and replicas.
@@ -61,6 +61,9 @@ def build_node(node: Obj) -> NodeTopology:
     meta = _meta(node)
     labels = runai.parse_node_labels(_strings(meta.get("labels")), obj)
     annotations = _strings(meta.get("annotations"))
+    raw_product = str(_strings(meta.get("labels")).get(runai.LABEL_PRODUCT, ""))
+    single = MIG_SUFFIX in raw_product  # GFD's single strategy: gpu.count counts MIG devices
+    gpu_count = labels.gpu_count
     layout = None
     mapping: dict[tuple[int, int], runai.MappedDevice] = {}
     model = model_for_product(labels.gpu_product)
@@ -71,14 +74,16 @@ def build_node(node: Obj) -> NodeTopology:
                 f"metadata.labels[{runai.LABEL_PRODUCT}]",
                 f"{labels.gpu_product!r} is not a MIG-capable GPU in the catalog",
             )
-        config = annotations.get(runai.ANNOTATION_MIG_CONFIG)
+        config = _annotation(annotations, runai.ANNOTATION_MIG_CONFIG, obj)
         if config:
-            layout = runai.parse_mig_config(config, obj, labels.gpu_count)
-        encoded = annotations.get(runai.ANNOTATION_MIG_MAPPING)
+            layout = runai.parse_mig_config(config, obj, gpu_count)
+        encoded = _annotation(annotations, runai.ANNOTATION_MIG_MAPPING, obj)
         if encoded:
             mapping = runai.parse_mig_mapping(encoded, obj)
+        if single and layout is not None and layout.devices:
+            gpu_count = _physical_gpus(layout, gpu_count)
     gpus = []
-    for index in range(labels.gpu_count):
+    for index in range(gpu_count):
         migs: tuple[MigDevice, ...] | None = None
         if labels.is_dynamic_mig_enabled and model is not None:
             enabled = layout.enabled.get(index, True) if layout else True
@@ -86,11 +91,10 @@ def build_node(node: Obj) -> NodeTopology:
             migs = _mig_devices(model, index, wanted, mapping) if enabled else None
         gpus.append(Gpu(id=gpu_uuid(name, index), mig_devices=migs))
     memory = labels.gpu_memory
-    raw_product = _strings(meta.get("labels")).get(runai.LABEL_PRODUCT, "")
-    if model is not None and (memory == 0 or MIG_SUFFIX in raw_product):
+    if model is not None and (memory == 0 or single):
         memory = model.total_memory_mib  # single strategy labels carry the MIG device's memory
     topo = NodeTopology(
-        gpu_count=labels.gpu_count,
+        gpu_count=gpu_count,
         gpu_memory=memory,
         gpu_product=labels.gpu_product,
         is_dynamic_mig_enabled=labels.is_dynamic_mig_enabled,
@@ -100,6 +104,25 @@ def build_node(node: Obj) -> NodeTopology:
     if errors:
         raise errors[0]
     return topo
+
+
+def _annotation(annotations: Mapping[str, object], key: str, obj: str) -> str | None:
+    value = annotations.get(key)
+    if value is not None and not isinstance(value, str):
+        raise TopologyError(
+            obj, f"metadata.annotations[{key}]", f"expected a string, got {value!r}"
+        )
+    return value
+
+
+def _physical_gpus(layout: runai.MigLayout, labelled: int) -> int:
+    """Under the single strategy `nvidia.com/gpu.count` is the number of MIG devices, not GPUs:
+    take the GPUs the mig.config names (with `devices: all`, MIG devices / devices per GPU)."""
+    named = max(layout.devices) + 1
+    if named < labelled:
+        return named
+    per_gpu = max(len(d) for d in layout.devices.values()) or 1
+    return max(1, labelled // per_gpu)
 
 
 def _mig_devices(
@@ -145,10 +168,13 @@ def pod_node(pod: Obj) -> str | None:
 
 
 def holds_gpu(pod: Obj) -> bool:
-    """Running pods hold their device; Succeeded and Failed pods have released it."""
+    """A pod placed on a node holds its device until it has Succeeded or Failed (or is deleted).
+
+    Pending (being started) and Unknown (kubelet unreachable) pods keep it: run:ai does too.
+    """
     status = pod.get("status")
     phase = status.get("phase") if isinstance(status, Mapping) else None
-    return phase == "Running" and pod_node(pod) is not None
+    return phase not in RELEASED_PHASES and pod_node(pod) is not None
 
 
 def _first_container(pod: Obj) -> str:
@@ -182,87 +208,126 @@ def _pod_order(pod: Obj) -> tuple[str, str, str]:
     )
 
 
-def allocate(
-    name: str, node: NodeTopology, pods: Iterable[Obj], warnings: list[TopologyError]
-) -> NodeTopology:
-    """The node with the devices its running pods hold, and their simulated usage."""
-    model = model_for_product(node.gpu_product)
-    gpus = [replace(g, status=None) for g in node.gpus]
-    migs = [list(g.mig_devices) if g.mig_devices is not None else None for g in node.gpus]
-    holders: dict[tuple[int, int], str] = {}
-    for pod in sorted((p for p in pods if holds_gpu(p)), key=_pod_order):
+class _Node:
+    """A node's devices while pods are placed on them."""
+
+    def __init__(self, name: str, node: NodeTopology) -> None:
+        self.name = name
+        self.node = node
+        self.model = model_for_product(node.gpu_product)
+        self.gpus = [replace(g, status=None) for g in node.gpus]
+        self.migs = [list(g.mig_devices) if g.mig_devices is not None else None for g in node.gpus]
+        self.holders: dict[tuple[int, int], str] = {}
+
+    def result(self) -> NodeTopology:
+        return replace(
+            self.node,
+            gpus=tuple(
+                replace(g, mig_devices=tuple(m) if m is not None else None)
+                for g, m in zip(self.gpus, self.migs, strict=True)
+            ),
+        )
+
+    def place(self, pod: Obj, warnings: list[TopologyError]) -> None:
         meta = _meta(pod)
         obj = pod_ref(pod)
         allocated_by = AllocatedBy(
             str(meta.get("namespace", "default")), str(meta.get("name", "")), _first_container(pod)
         )
         uid = str(meta.get("uid") or f"{allocated_by.namespace}/{allocated_by.pod}")
-        annotation = _strings(meta.get("annotations")).get(runai.ANNOTATION_POD_MIG_DEVICE)
+        annotation = _annotation(
+            _strings(meta.get("annotations")), runai.ANNOTATION_POD_MIG_DEVICE, obj
+        )
         if annotation:
-            try:
-                want = runai.parse_pod_mig_device(annotation, obj)
-            except TopologyError as e:
-                warnings.append(e)
-                continue
-            field = f"metadata.annotations[{runai.ANNOTATION_POD_MIG_DEVICE}]"
-            devices = migs[want.gpu_index] if want.gpu_index < len(migs) else None
-            found = [i for i, d in enumerate(devices or []) if d.position == want.position]
-            if devices is None or not found:
-                warnings.append(
-                    TopologyError(
-                        obj,
-                        field,
-                        f"node {name} has no MIG device at GPU {want.gpu_index} "
-                        f"position {want.position}",
-                    )
-                )
-                continue
-            key = (want.gpu_index, want.position)
-            if key in holders:
-                warnings.append(TopologyError(obj, field, f"device already held by {holders[key]}"))
-                continue
-            dev = devices[found[0]]
-            if dev.name != want.profile:
-                warnings.append(
-                    TopologyError(
-                        obj, f"{field}.name", f"asks for {want.profile}, device is {dev.name}"
-                    )
-                )
-            profile = model.profile(dev.name) if model else None
-            fb_total = profile.fb_total_mib if profile else 0
-            usage = pod_usage(pod, obj, fb_total, warnings)
-            holders[key] = obj
-            devices[found[0]] = replace(
-                dev,
-                # The pod names the device and its GI when the mapping has not caught up yet.
-                id=dev.id or want.device_uuid,
-                status=DeviceStatus(allocated_by, {uid: usage}),
+            self._place_mig(
+                pod, obj, runai.parse_pod_mig_device(annotation, obj), allocated_by, uid, warnings
             )
-            continue
-        count = _whole_gpus_requested(pod)
-        if count == 0:
-            continue
-        free = [i for i, g in enumerate(gpus) if g.status is None and migs[i] is None]
-        if len(free) < count:
+        else:
+            self._place_whole(pod, obj, allocated_by, uid, warnings)
+
+    def _place_mig(
+        self,
+        pod: Obj,
+        obj: str,
+        want: runai.PodMigDevice,
+        allocated_by: AllocatedBy,
+        uid: str,
+        warnings: list[TopologyError],
+    ) -> None:
+        field = f"metadata.annotations[{runai.ANNOTATION_POD_MIG_DEVICE}]"
+        devices = self.migs[want.gpu_index] if want.gpu_index < len(self.migs) else None
+        found = [i for i, d in enumerate(devices or []) if d.position == want.position]
+        if devices is None or not found:
+            raise TopologyError(
+                obj,
+                field,
+                f"node {self.name} has no MIG device at GPU {want.gpu_index} position {want.position}",
+            )
+        key = (want.gpu_index, want.position)
+        if key in self.holders:
+            raise TopologyError(obj, field, f"device already held by {self.holders[key]}")
+        dev = devices[found[0]]
+        if dev.name != want.profile:
             warnings.append(
                 TopologyError(
-                    obj,
-                    "spec.containers[].resources.limits[nvidia.com/gpu]",
-                    f"asks for {count} GPUs, node {name} has {len(free)} free",
+                    obj, f"{field}.name", f"asks for {want.profile}, device is {dev.name}"
                 )
             )
-            continue
-        fb_total = model.fb_total_mib if model else node.gpu_memory
+        profile = self.model.profile(dev.name) if self.model else None
+        usage = pod_usage(pod, obj, profile.fb_total_mib if profile else 0, warnings)
+        self.holders[key] = obj
+        if dev.id is None and want.device_uuid is not None:
+            # The mapping has not named the device yet; the pod's annotation does, and its GI.
+            taken = {d.id for m in self.migs for d in m or () if d.id}
+            if want.device_uuid in taken:
+                warnings.append(
+                    TopologyError(
+                        obj, f"{field}.deviceUUID", f"{want.device_uuid} is another device's id"
+                    )
+                )
+            else:
+                dev = replace(dev, id=want.device_uuid)
+                if want.gpu_instance_id is not None:
+                    dev = replace(dev, gpu_instance_id=want.gpu_instance_id)
+        devices[found[0]] = replace(dev, status=DeviceStatus(allocated_by, {uid: usage}))
+
+    def _place_whole(
+        self, pod: Obj, obj: str, allocated_by: AllocatedBy, uid: str, warnings: list[TopologyError]
+    ) -> None:
+        count = _whole_gpus_requested(pod)
+        if count == 0:
+            return
+        free = [i for i, g in enumerate(self.gpus) if g.status is None and self.migs[i] is None]
+        if len(free) < count:
+            raise TopologyError(
+                obj,
+                "spec.containers[].resources.limits[nvidia.com/gpu]",
+                f"asks for {count} GPUs, node {self.name} has {len(free)} free",
+            )
+        fb_total = self.model.fb_total_mib if self.model else self.node.gpu_memory
         usage = pod_usage(pod, obj, fb_total, warnings)
         for i in free[:count]:
-            gpus[i] = replace(gpus[i], status=DeviceStatus(allocated_by, {uid: usage}))
-    return replace(
-        node,
-        gpus=tuple(
-            replace(g, mig_devices=tuple(m) if m is not None else None)
-            for g, m in zip(gpus, migs, strict=True)
-        ),
-    )
+            self.gpus[i] = replace(self.gpus[i], status=DeviceStatus(allocated_by, {uid: usage}))
+
+
+def allocate(
+    name: str, node: NodeTopology, pods: Iterable[Obj], warnings: list[TopologyError]
+) -> NodeTopology:
+    """The node with the devices its pods hold, and their simulated usage.
+
+    A pod that cannot be placed is reported and skipped; the others are placed regardless.
+    """
+    state = _Node(name, node)
+    for pod in sorted((p for p in pods if holds_gpu(p)), key=_pod_order):
+        try:
+            state.place(pod, warnings)
+        except TopologyError as e:
+            warnings.append(e)
+        except Exception as e:  # the last guard: one odd object never stops the rest
+            warnings.append(
+                TopologyError(pod_ref(pod), "?", f"cannot be read: {type(e).__name__}: {e}")
+            )
+    return state.result()
 
 
 # --- the whole topology --------------------------------------------------------------------------
@@ -299,10 +364,24 @@ def reconcile(
         name = node_name(node)
         try:
             built = build_node(node)
-        except TopologyError as e:
-            warnings.append(e)
-            if previous is not None and name in previous.nodes:
-                result[name] = previous.nodes[name]
+        except Exception as e:  # TopologyError, or the last guard for anything unforeseen
+            warnings.append(
+                e
+                if isinstance(e, TopologyError)
+                else TopologyError(f"node {name}", "?", f"cannot be read: {type(e).__name__}: {e}")
+            )
+            _keep_previous(result, name, previous)
             continue
         result[name] = allocate(name, built, pods_by_node.get(name, ()), warnings)
+    # Ids must be unique cluster-wide (a copied mapping, say): a node repeating one is a bad node.
+    for error in duplicate_id_errors(Topology(nodes=result)):
+        warnings.append(error)
+        name = error.obj.removeprefix("node ")
+        result.pop(name, None)
+        _keep_previous(result, name, previous)
     return Topology(mig_strategy=cluster_strategy(gpu_nodes), nodes=result), warnings
+
+
+def _keep_previous(result: dict[str, NodeTopology], name: str, previous: Topology | None) -> None:
+    if previous is not None and name in previous.nodes:
+        result[name] = previous.nodes[name]

@@ -12,6 +12,7 @@ A pod whose labels carry `serving.knative.dev/service` (run:ai inference) is an 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,7 +43,10 @@ def parse_fb_used(value: str, obj: str, fb_total: int) -> int:
     field = f"metadata.annotations[{ANNOTATION_FB_USED}]"
     text = value.strip()
     try:
-        mib = int(fb_total * float(text[:-1]) / 100) if text.endswith("%") else int(text)
+        percent = float(text[:-1]) if text.endswith("%") else None
+        if percent is not None and not math.isfinite(percent):
+            raise ValueError(text)
+        mib = int(fb_total * percent / 100) if percent is not None else int(text)
     except ValueError:
         raise TopologyError(obj, field, f"expected MiB or a percentage, got {value!r}") from None
     if not 0 <= mib <= fb_total:

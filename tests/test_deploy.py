@@ -458,10 +458,11 @@ def test_exporter_daemonset(rendered: list[dict[str, Any]]) -> None:
         "fieldRef": {"fieldPath": "metadata.namespace"}
     }
 
-    # Ready only while /health says the topology is fresh; liveness must not depend on
-    # the topology (a restart cannot fix stale data), so it only checks the socket.
+    # Ready once it serves /metrics. Not /health: a stale topology would take the pod out of
+    # the Service, and Prometheus would lose the series the exporter still serves. Liveness
+    # must not depend on the topology either (a restart cannot fix stale data).
     readiness = container["readinessProbe"]
-    assert readiness["httpGet"] == {"path": "/health", "port": PORT_NAME}
+    assert readiness["httpGet"] == {"path": "/metrics", "port": PORT_NAME}
     liveness = container["livenessProbe"]
     assert "httpGet" not in liveness and "exec" not in liveness
     assert liveness["tcpSocket"] == {"port": PORT_NAME}
@@ -624,13 +625,15 @@ def test_status_updater_rbac(rendered: list[dict[str, Any]]) -> None:
             assert allowed(cluster, verb, resource), (verb, resource)
     assert not allowed(cluster, "list", "secrets")
 
-    # In its namespace: what it needs on the topology ConfigMap and its Lease ...
-    for verb in ("get", "list", "watch", "create", "patch", "update"):
-        name = None if verb in {"list", "watch", "create"} else TOPOLOGY_CM
+    # In its namespace: what it does to the topology ConfigMap and its Lease (read, create,
+    # patch: never PUT) ...
+    for verb in ("get", "create", "patch"):
+        name = None if verb == "create" else TOPOLOGY_CM
         assert allowed(namespaced, verb, "configmaps", name=name), verb
-    for verb in ("get", "create", "update", "patch"):
         name = None if verb == "create" else LEASE
         assert allowed(namespaced, verb, "leases", group="coordination.k8s.io", name=name), verb
+    for verb in ("list", "watch", "update"):
+        assert not allowed(namespaced, verb, "configmaps", name=TOPOLOGY_CM), verb
     # ... and nothing more.
     for rule in namespaced:
         for field in ("apiGroups", "resources", "verbs"):

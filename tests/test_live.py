@@ -47,8 +47,8 @@ class Daemons:
         self.procs.append(proc)
         return proc
 
-    def updater(self, name: str = "updater-0") -> subprocess.Popen[str]:
-        return self.start("status_updater", "run", name=name)
+    def updater(self, name: str = "updater-0", *args: str) -> subprocess.Popen[str]:
+        return self.start("status_updater", "run", *args, name=name)
 
     def exporter(self) -> str:
         port = free_port()
@@ -81,6 +81,11 @@ def daemons(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemons]
             yield d
         finally:
             d.stop()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def topology(kube: KubeAPI) -> dict[str, Any] | None:
@@ -187,12 +192,13 @@ def test_cluster_changes_reach_the_configmap_and_metrics(daemons: Daemons) -> No
     )
     eventually(lambda: fb(url) == {"0": ("7g.40gb", 6)}, timeout=10)
 
-    # Node deleted: its entry goes, the exporter serves no GPU series and says why.
+    # Node deleted: its entry goes. The exporter (whose pod would go with the node) keeps the
+    # last good series and says why it is stale.
     kube.delete("nodes", NODE)
     eventually(lambda: topology(kube) == {"mig-strategy": "none", "nodes": {}}, timeout=10)
-    eventually(
-        lambda: get(f"{url}/metrics")[1] == "" and get(f"{url}/health")[0] == 503, timeout=10
-    )
+    _, reason = eventually(lambda: (r := get(f"{url}/health"))[0] == 503 and r, timeout=10)
+    assert f"nodes.{NODE}: is not in the topology" in reason
+    assert fb(url) == {"0": ("7g.40gb", 6)}
 
 
 def test_two_replicas_one_writer(daemons: Daemons) -> None:
@@ -208,6 +214,12 @@ def test_two_replicas_one_writer(daemons: Daemons) -> None:
     eventually(lambda: sum("status" in d for d in mig_devices(kube) or []) == 4, timeout=10)
     time.sleep(1)
     follower = "updater-b" if leader == "updater-a" else "updater-a"
+    # The standby waits without spinning while events arrive that it must not write.
+    standby = b if leader == "updater-a" else a
+    before = cpu_seconds(standby.pid)
+    kube.create("pods", mig_pod("p-extra", 1, 7), namespace="runai-p1")
+    time.sleep(2)
+    assert cpu_seconds(standby.pid) - before < 0.5
     assert "wrote ConfigMap" in daemons.log(leader)
     assert "wrote ConfigMap" not in daemons.log(follower)
     assert "device already held by" in daemons.log(leader)  # the fifth pod asks for a taken device
@@ -329,3 +341,62 @@ def test_configmap_change_reaches_metrics_within_a_second(strict: Daemons) -> No
     _status, reason = eventually(lambda: (r := get(f"{url}/health"))[0] == 503 and r, timeout=5)
     assert reason.startswith("ConfigMap gpu-operator/topology: not found")
     assert fb(url) == {"0": ("7g.40gb", 6)}
+
+
+def test_bad_pods_never_stop_writes_and_a_reapplied_seed_is_repaired(strict: Daemons) -> None:
+    kube = strict.kube
+    strict.updater("updater-0", "--resync", "1")
+    kube.create("nodes", node_object(FOUR_SMALL))
+    eventually(lambda: mig_devices(kube), timeout=20)
+    bad = mig_pod("bad-index", 0, 5)
+    bad["metadata"]["annotations"]["runai-mig-device"] = bad["metadata"]["annotations"][
+        "runai-mig-device"
+    ].replace('"0"', '"--0"')
+    huge = mig_pod("huge", 1, 5)
+    huge["metadata"]["annotations"]["run.ai/simulated-fb-used"] = "1e400%"
+    kube.create("pods", bad, namespace="runai-p1")
+    kube.create("pods", huge, namespace="runai-p1")
+    kube.create("pods", mig_pod("good", 4, 42), namespace="runai-p1")
+    by_position = lambda: {d["position"]: d for d in mig_devices(kube) or []}  # noqa: E731
+    eventually(
+        lambda: by_position()[4].get("status", {}).get("allocated-by", {}).get("pod") == "good",
+        timeout=10,
+    )
+    assert "status" in by_position()[1]  # held with the default usage
+    assert "status" not in by_position()[0]
+    log = strict.log("updater-0")
+    assert (
+        "pod runai-p1/bad-index: metadata.annotations[runai-mig-device].gpuindex: expected an integer, got '--0'"
+        in log
+    )
+    assert (
+        "pod runai-p1/huge: metadata.annotations[run.ai/simulated-fb-used]: expected MiB or a percentage"
+        in log
+    )
+
+    # `kubectl apply -k deploy/` again puts the empty seed back: the leader notices and rewrites.
+    seed = yaml.safe_load((ROOT / "deploy" / "topology-configmap.yaml").read_text())
+    kube.patch("configmaps", "topology", {"data": seed["data"]}, namespace=NS)
+    assert topology(kube)["nodes"] in ({}, None)
+    eventually(lambda: len(mig_devices(kube) or []) == 4, timeout=10)
+    assert "Traceback" not in strict.log("updater-0")
+
+
+def test_daemons_report_unusable_config_in_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "missing"), "NODE_NAME": NODE}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    for args in (["exporter", "--port", "0"], ["status_updater", "run"]):
+        result = subprocess.run(
+            [sys.executable, "-m", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(f"error: kubeconfig {tmp_path / 'missing'}:")
+        assert len(result.stderr.strip().splitlines()) == 1
+    result = subprocess.run([sys.executable, "-m", "exporter", "--port", "70000"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert result.returncode == 2 and "expected a port 0-65535, got '70000'" in result.stderr

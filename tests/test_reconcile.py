@@ -194,3 +194,76 @@ def test_whole_gpu_series_follow_the_pod_and_the_clock() -> None:
     assert used == 1000 and dict(labels)["pod"] == "train" and dict(labels)["namespace"] == "ns"
     assert dict(labels)["container"] == "c" and dict(labels)["modelName"] == "Tesla-K80"
     assert [v for _, v in fams[dcgm.FB_FREE].samples] == [11441 - 1000, 11441]
+
+
+def test_odd_values_in_annotations_are_one_line_warnings() -> None:
+    pods = [
+        mig_pod("minus", 4, gpuindex="--0"),
+        mig_pod("huge", 6, annotations={"run.ai/simulated-fb-used": "inf%"}),
+        mig_pod("ok", 0, profile="2g.10gb"),
+    ]
+    pods[1]["metadata"]["annotations"]["run.ai/simulated-fb-used"] = "1e400%"
+    odd_node = json.loads(json.dumps(REAL_NODE))
+    odd_node["metadata"]["name"] = "odd"
+    odd_node["metadata"]["annotations"]["run.ai/mig.config"] = 5
+    topology, warnings = reconcile([REAL_NODE, odd_node], pods)
+    assert [str(w) for w in warnings] == [
+        "node odd: metadata.annotations[run.ai/mig.config]: expected a string, got 5",
+        "pod team/huge: metadata.annotations[run.ai/simulated-fb-used]: expected MiB or a percentage, got '1e400%'",
+        "pod team/minus: metadata.annotations[runai-mig-device].gpuindex: expected an integer, got '--0'",
+    ]
+    held = devices(topology)
+    assert held[0].status is not None and held[6].status is not None  # default usage, still held
+    assert held[4].status is None
+
+
+def test_pending_and_unknown_pods_keep_their_device() -> None:
+    topology, _ = reconcile(
+        [REAL_NODE],
+        [mig_pod("starting", 4, phase="Pending"), mig_pod("lost-kubelet", 6, phase="Unknown")],
+    )
+    assert devices(topology)[4].status is not None and devices(topology)[6].status is not None
+
+
+def test_pod_names_a_device_the_mapping_has_not_reached() -> None:
+    node = json.loads(json.dumps(REAL_NODE))
+    node["metadata"]["annotations"].pop("run.ai/mig-mapping")
+    pods = [mig_pod("a", 4), mig_pod("b", 6)]
+    for pod, gi in zip(pods, (7, 9), strict=True):
+        device = json.loads(pod["metadata"]["annotations"]["runai-mig-device"])
+        pod["metadata"]["annotations"]["runai-mig-device"] = json.dumps(
+            {**device, "deviceUUID": "MIG-same", "gpuinstanceid": gi}
+        )
+    topology, warnings = reconcile([node], pods)
+    assert devices(topology)[4].id == "MIG-same" and devices(topology)[4].gpu_instance_id == 7
+    assert devices(topology)[6].id is None  # not a second device with the same id
+    assert [str(w) for w in warnings] == [
+        "pod team/b: metadata.annotations[runai-mig-device].deviceUUID: MIG-same is another device's id"
+    ]
+
+
+def test_single_strategy_counts_physical_gpus() -> None:
+    node = yaml.safe_load((SAMPLES / "nodes" / "a100-80gb-single-strategy.yaml").read_text())
+    topology, warnings = reconcile([node], [])
+    single = topology.nodes["a100-80gb-single"]
+    assert warnings == [] and topology.mig_strategy == "single"
+    # GFD labels count 2 MIG devices; they sit on one A100 80GB.
+    assert (single.gpu_count, single.gpu_product, single.gpu_memory) == (
+        1,
+        "NVIDIA-A100-80GB-PCIe",
+        81920,
+    )
+    assert [(d.name, d.position) for d in single.gpus[0].mig_devices or ()] == [
+        ("1g.10gb", 0),
+        ("1g.10gb", 1),
+    ]
+
+
+def test_a_mapping_copied_to_another_node_is_a_bad_node() -> None:
+    twin = json.loads(json.dumps(REAL_NODE))
+    twin["metadata"]["name"] = "twin"
+    topology, warnings = reconcile([REAL_NODE, twin], [])
+    assert NAME in topology.nodes and "twin" not in topology.nodes
+    assert str(warnings[0]).startswith(
+        "node twin: gpus[0].mig-devices[0].id: duplicate id MIG-298ef8da"
+    )

@@ -7,7 +7,7 @@ import contextlib
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from topology.errors import TopologyError
@@ -137,12 +137,19 @@ json_values = st.recursive(
 
 
 @given(st.text(max_size=200))
+@example("mig-configs: {selected: [{devices: ['--0'], mig-enabled: true}]}")
+@example(
+    "mig-configs: {selected: [{devices: [0], mig-enabled: true, mig-devices: {'--0': 1g.5gb}}]}"
+)
+@example("mig-configs: {selected: [{devices: [99999999999999999999], mig-enabled: true}]}")
 def test_mig_config_parser_is_total(text: str) -> None:
     with contextlib.suppress(TopologyError):
         parse_mig_config(text, "node n", 8)
 
 
 @given(json_values)
+@example({"--0": {"0": "MIG-a"}})
+@example({"0": [{"position": "1e400", "device_uuid": "MIG-a", "gpu_instance_id": "--0"}]})
 def test_mapping_parser_is_total(doc: object) -> None:
     with contextlib.suppress(TopologyError):
         parse_mig_mapping(b64(doc), "node n")
@@ -150,6 +157,10 @@ def test_mapping_parser_is_total(doc: object) -> None:
 
 @given(json_values | st.fixed_dictionaries({"name": st.just("nvidia.com/mig-1g.5gb")}, optional={
     "position": json_values, "gpuindex": json_values, "deviceUUID": json_values, "gpuinstanceid": json_values}))  # fmt: skip
+@example({"name": "nvidia.com/mig-1g.5gb", "position": "--0", "gpuindex": "0"})
+@example(
+    {"name": "nvidia.com/mig-1g.5gb", "position": 0, "gpuindex": "\u0661"}
+)  # an Arabic-Indic one
 def test_pod_annotation_parser_is_total(doc: object) -> None:
     with contextlib.suppress(TopologyError):
         parse_pod_mig_device(json.dumps(doc), "pod a/b")

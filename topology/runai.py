@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ ANNOTATION_MIG_CONFIG = "run.ai/mig.config"
 ANNOTATION_MIG_MAPPING = "run.ai/mig-mapping"
 ANNOTATION_POD_MIG_DEVICE = "runai-mig-device"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+MAX_GPUS_PER_NODE = 64  # a sanity bound: the largest nodes carry 8 or 16
 
 
 def _int(value: object, obj: str, field: str) -> int:
@@ -36,7 +38,7 @@ def _int(value: object, obj: str, field: str) -> int:
         raise TopologyError(obj, field, f"expected an integer, got {value!r}")
     if isinstance(value, int):
         result = value
-    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    elif isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]{1,9}\s*", value):
         result = int(value)
     else:
         raise TopologyError(obj, field, f"expected an integer, got {value!r}")
@@ -69,6 +71,10 @@ def parse_node_labels(labels: Mapping[str, str], obj: str) -> NodeLabels:
     if not product:
         raise TopologyError(obj, label(LABEL_PRODUCT), "is required on a GPU node")
     count = _int(labels.get(LABEL_COUNT, "1"), obj, label(LABEL_COUNT))
+    if count > MAX_GPUS_PER_NODE:
+        raise TopologyError(
+            obj, label(LABEL_COUNT), f"{count} GPUs on one node is more than {MAX_GPUS_PER_NODE}"
+        )
     memory = _int(labels.get(LABEL_MEMORY, "0"), obj, label(LABEL_MEMORY))
     strategy = labels.get(LABEL_STRATEGY)
     if strategy is not None and strategy not in ("none", "single", "mixed"):

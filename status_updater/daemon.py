@@ -1,0 +1,61 @@
+"""`python -m status_updater run`: the informers, the elector and the writer, wired together."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+import kubernetes
+
+from status_updater.configmap import configmap_name, configmap_namespace
+from status_updater.controller import Controller
+from status_updater.kube import ConfigError, api_client
+from status_updater.leader import LeaderElector
+
+EXIT_OK, EXIT_USAGE = 0, 2
+log = logging.getLogger("status_updater")
+
+
+def run(kubeconfig: str | None, lease_name: str, identity: str, resync_s: float) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        client = api_client(kubeconfig)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    name, namespace = configmap_name(), configmap_namespace()
+    stop = threading.Event()
+    controller = Controller(kubernetes.client.CoreV1Api(client), name, namespace, resync_s=resync_s)
+    elector = LeaderElector(
+        kubernetes.client.CoordinationV1Api(client),
+        lease_name,
+        namespace,
+        identity,
+        controller.became_leader,
+    )
+    controller.is_leader = elector.is_leader
+
+    def shutdown(*_: object) -> None:
+        stop.set()
+        controller.dirty.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, shutdown)
+    writer = threading.Thread(
+        target=controller.run_writer, args=(stop,), name="writer", daemon=True
+    )
+    elect = threading.Thread(target=elector.run, args=(stop,), name="elector", daemon=True)
+    for t in (*controller.informers(stop), elect, writer):
+        t.start()
+    log.info("running as %s: ConfigMap %s/%s, lease %s", identity, namespace, name, lease_name)
+    while not stop.wait(3600):
+        pass
+    # SIGTERM: a write in flight gets a moment to land (a PATCH lands whole or not at all), then
+    # the Lease is released so a standby takes over at once. Watches are daemon threads.
+    writer.join(timeout=1.0)
+    elector.release()
+    return EXIT_OK
