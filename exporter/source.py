@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from topology.errors import TopologyError, one_line
-from topology.model import NodeTopology, Topology, from_dict
+from topology.model import NodeTopology, Topology, from_dict, load_document
 from topology.validate import duplicate_id_errors, node_errors
 
 DATA_KEY = "topology.yml"
@@ -17,7 +17,7 @@ DATA_KEY = "topology.yml"
 def parse_topology_document(text: str, obj: str) -> Topology:
     """A ConfigMap (`data: {topology.yml: ...}`) or the topology itself, as YAML or JSON."""
     try:
-        doc: Any = yaml.safe_load(text)
+        doc: Any = load_document(text)
     except yaml.YAMLError as e:
         raise TopologyError(obj, "topology", f"is not valid YAML: {one_line(e)}") from None
     if isinstance(doc, Mapping) and doc.get("kind") == "ConfigMap":
@@ -31,7 +31,7 @@ def configmap_topology(cm: Mapping[str, Any], obj: str) -> Topology:
     if not isinstance(text, str):
         raise TopologyError(obj, f"data[{DATA_KEY}]", "is missing")
     try:
-        doc = yaml.safe_load(text)
+        doc = load_document(text)
     except yaml.YAMLError as e:
         raise TopologyError(obj, f"data[{DATA_KEY}]", f"is not valid YAML: {one_line(e)}") from None
     return from_dict(doc, obj)

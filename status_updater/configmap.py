@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from topology.model import Topology, dump_yaml
+from topology.model import SafeDumper, Topology, dump_yaml
 
 DATA_KEY = "topology.yml"
 DEFAULT_NAME = "topology"
@@ -31,7 +31,7 @@ def topology_configmap(topology: Topology, name: str, namespace: str) -> dict[st
     }
 
 
-class _LiteralDumper(yaml.SafeDumper):
+class _LiteralDumper(SafeDumper):  # type: ignore[valid-type,misc]
     """Prints multi-line strings as `|` blocks so the embedded topology stays readable."""
 
 

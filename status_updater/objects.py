@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from topology.errors import one_line
+from topology.model import SafeLoader
 
 SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -39,7 +40,7 @@ def _documents(path: Path) -> Iterator[Any]:
         if path.suffix == ".json":
             yield json.loads(text)
         else:
-            yield from list(yaml.safe_load_all(text))
+            yield from list(yaml.load_all(text, Loader=SafeLoader))
     except (yaml.YAMLError, ValueError) as e:
         raise InputError(f"{path}: not valid {path.suffix[1:].upper()}: {one_line(e)}") from None
 

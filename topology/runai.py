@@ -18,6 +18,7 @@ import yaml
 
 from topology.catalog import base_product
 from topology.errors import TopologyError, one_line
+from topology.model import load_document
 
 LABEL_DYNAMIC_MIG = "node-role.kubernetes.io/runai-dynamic-mig"
 LABEL_MIG_ENABLED = "node-role.kubernetes.io/runai-mig-enabled"
@@ -99,7 +100,7 @@ class MigLayout:
 def parse_mig_config(text: str, obj: str, gpu_count: int) -> MigLayout:
     field = f"metadata.annotations[{ANNOTATION_MIG_CONFIG}]"
     try:
-        doc = yaml.safe_load(text)
+        doc = load_document(text)
     except yaml.YAMLError as e:
         raise TopologyError(obj, field, f"is not valid YAML: {one_line(e)}") from None
     configs = doc.get("mig-configs") if isinstance(doc, dict) else None
