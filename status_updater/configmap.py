@@ -22,12 +22,14 @@ def configmap_namespace() -> str:
     return os.environ.get("TOPOLOGY_CM_NAMESPACE") or DEFAULT_NAMESPACE
 
 
-def topology_configmap(topology: Topology, name: str, namespace: str) -> dict[str, Any]:
+def topology_configmap(topology: Topology | str, name: str, namespace: str) -> dict[str, Any]:
+    """The ConfigMap for a topology (or its `topology.yml` text, when already dumped)."""
+    text = topology if isinstance(topology, str) else dump_yaml(topology)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": name, "namespace": namespace},
-        "data": {DATA_KEY: dump_yaml(topology)},
+        "data": {DATA_KEY: text},
     }
 
 

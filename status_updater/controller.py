@@ -25,6 +25,11 @@ from topology.model import Topology, dump_yaml, load_yaml
 log = logging.getLogger(__name__)
 COALESCE_S = 0.2  # a storm of pod events within this window gives one write
 RESYNC_S = 30.0  # how often a quiet leader re-reads the ConfigMap it owns
+CONFIGMAP_LIMIT = 1024 * 1024  # bytes of data a ConfigMap may hold
+
+
+class TooLarge(Exception):
+    """The topology does not fit one ConfigMap."""
 
 
 def slim_node(node: Obj) -> Obj:
@@ -160,6 +165,13 @@ class Controller:
 
     def write(self, topology: Topology) -> None:
         """Create or patch (never PUT) the ConfigMap; a 409 re-reads and applies again."""
+        text = dump_yaml(topology)
+        if len(text.encode()) > CONFIGMAP_LIMIT:
+            # The API server would refuse it (and keep refusing): say why, keep the last write.
+            raise TooLarge(
+                f"ConfigMap {self.namespace}/{self.name}: topology.yml for {len(topology.nodes)} nodes is "
+                f"{len(text.encode()) / 2**20:.1f} MiB, over the 1 MiB a ConfigMap holds; not written"
+            )
         for _ in range(5):
             exists, current, version = self.read_current()
             if current == topology:
@@ -167,12 +179,12 @@ class Controller:
                 return
             try:
                 if not exists:
-                    body = topology_configmap(topology, self.name, self.namespace)
+                    body = topology_configmap(text, self.name, self.namespace)
                     self.core.create_namespaced_config_map(
                         self.namespace, cast(Any, body), _request_timeout=REQUEST_TIMEOUT
                     )
                 else:
-                    patch: dict[str, Any] = {"data": {DATA_KEY: dump_yaml(topology)}}
+                    patch: dict[str, Any] = {"data": {DATA_KEY: text}}
                     if version and version != "...":
                         patch["metadata"] = {
                             "resourceVersion": version
@@ -226,6 +238,8 @@ class Controller:
                     self.write(topology)  # reads first, writes only if the ConfigMap differs
                 verify = False
                 backoff.reset()
+            except TooLarge as e:
+                log.error("%s", e)  # retried when the next change comes, not in a loop
             except Exception as e:  # API trouble, or anything else: the writer must outlive it
                 log.warning("ConfigMap %s/%s: %s; retrying", self.namespace, self.name, describe(e))
                 self.written = None
