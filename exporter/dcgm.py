@@ -18,7 +18,7 @@ DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_FREE and DCGM_FI_DEV_FB_USED per GPU, with 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from topology.catalog import GpuModel, model_for_product, nvml_model_name
@@ -154,4 +154,3 @@ def render(node: NodeTopology | None, options: Options, now: float) -> bytes:
     return b"" if node is None else exposition(families(node, options, now))
 
 
-__all__: Sequence[str] = ("Family", "Options", "exposition", "families", "render", "utilization")

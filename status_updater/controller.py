@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import kubernetes
@@ -60,20 +62,33 @@ def _pod_key(pod: Obj) -> str:
     return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
+def _node_key(node: Obj) -> str:
+    return str((node.get("metadata") or {}).get("name"))
+
+
+@dataclass
+class _Cache:
+    """One informer's objects, slimmed, by key; `synced` once the first list has arrived."""
+
+    slim: Callable[[Obj], Obj]
+    key: Callable[[Obj], str]
+    items: dict[str, Obj] = field(default_factory=dict)
+    synced: bool = False
+
+
 class Controller:
     def __init__(
         self,
         core: kubernetes.client.CoreV1Api,
         name: str,
         namespace: str,
-        is_leader: Any = lambda: True,
+        is_leader: Callable[[], bool] = lambda: True,
         resync_s: float = RESYNC_S,
     ) -> None:
         self.core, self.name, self.namespace, self.is_leader = core, name, namespace, is_leader
         self.resync_s = resync_s
-        self.nodes: dict[str, Obj] = {}
-        self.pods: dict[str, Obj] = {}
-        self.synced = {"nodes": False, "pods": False}
+        self.nodes = _Cache(slim_node, _node_key)
+        self.pods = _Cache(slim_pod, _pod_key)
         self.lock = threading.Lock()
         self.dirty = threading.Event()
         self.written: Topology | None = None  # what the ConfigMap holds, as far as we know
@@ -81,58 +96,50 @@ class Controller:
 
     # --- informer callbacks ---------------------------------------------------------------------
 
-    def _reset(
-        self, cache: dict[str, Obj], which: str, items: list[Obj], slim: Any, key: Any
-    ) -> None:
+    def _reset(self, cache: _Cache, items: list[Obj]) -> None:
         with self.lock:
-            cache.clear()
-            cache.update({key(o): slim(o) for o in items})
-            self.synced[which] = True
+            cache.items = {cache.key(o): cache.slim(o) for o in items}
+            cache.synced = True
         self.dirty.set()
 
-    def _event(self, cache: dict[str, Obj], kind: str, obj: Obj, slim: Any, key: Any) -> None:
+    def _event(self, cache: _Cache, kind: str, obj: Obj) -> None:
         with self.lock:
             if kind == "DELETED":
-                cache.pop(key(obj), None)
+                cache.items.pop(cache.key(obj), None)
             else:
-                cache[key(obj)] = slim(obj)
+                cache.items[cache.key(obj)] = cache.slim(obj)
         self.dirty.set()
 
-    def node_key(self, node: Obj) -> str:
-        return str((node.get("metadata") or {}).get("name"))
+    @property
+    def synced(self) -> bool:
+        return self.nodes.synced and self.pods.synced
 
     def informers(self, stop: threading.Event) -> list[threading.Thread]:
-        nodes = threading.Thread(
-            target=list_watch,
-            name="nodes",
-            daemon=True,
-            args=(
-                "nodes",
-                self.core.list_node,
-                lambda items: self._reset(self.nodes, "nodes", items, slim_node, self.node_key),
-                lambda kind, o: self._event(self.nodes, kind, o, slim_node, self.node_key),
-                stop,
-            ),
+        sources = (
+            ("nodes", self.core.list_node, self.nodes),
+            ("pods", self.core.list_pod_for_all_namespaces, self.pods),
         )
-        pods = threading.Thread(
-            target=list_watch,
-            name="pods",
-            daemon=True,
-            args=(
-                "pods",
-                self.core.list_pod_for_all_namespaces,
-                lambda items: self._reset(self.pods, "pods", items, slim_pod, _pod_key),
-                lambda kind, o: self._event(self.pods, kind, o, slim_pod, _pod_key),
-                stop,
-            ),
-        )
-        return [nodes, pods]
+        return [
+            threading.Thread(
+                target=list_watch,
+                name=what,
+                daemon=True,
+                args=(
+                    what,
+                    list_call,
+                    lambda items, c=cache: self._reset(c, items),
+                    lambda kind, o, c=cache: self._event(c, kind, o),
+                    stop,
+                ),
+            )
+            for what, list_call, cache in sources
+        ]
 
     # --- the writer -----------------------------------------------------------------------------
 
     def desired(self) -> Topology:
         with self.lock:
-            nodes, pods = list(self.nodes.values()), list(self.pods.values())
+            nodes, pods = list(self.nodes.items.values()), list(self.pods.items.values())
         topology, warnings = reconcile(nodes, pods, previous=self.written)
         messages = {str(w) for w in warnings}
         for m in sorted(messages - self._warned):
@@ -213,7 +220,7 @@ class Controller:
         last_check = time.monotonic()
         verify = False
         while not stop.is_set():
-            if not all(self.synced.values()) or not self.is_leader():
+            if not self.synced or not self.is_leader():
                 stop.wait(0.2)  # changes wait (dirty stays set) until synced and leading
                 continue
             if not self.dirty.wait(1.0):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -34,19 +35,11 @@ def test_render_names_the_configmap_from_the_environment() -> None:
     assert (cm["apiVersion"], cm["kind"]) == ("v1", "ConfigMap")
     assert cm["metadata"] == {"name": "mig-topo", "namespace": "sim"}
     topology = yaml.safe_load(cm["data"]["topology.yml"])
-    assert sorted(topology["nodes"]) == ["a100-80gb-single", "h100-node-1", "h200-node-1", NAME]
-
-
-NAME = NODE
+    assert sorted(topology["nodes"]) == ["a100-80gb-single", "h100-node-1", "h200-node-1", NODE]
 
 
 def test_render_reads_json_lists_and_multi_document_yaml(tmp_path: Path) -> None:
     node = yaml.safe_load((SAMPLES / "nodes" / "a100-40gb-3-instances.yaml").read_text())
-    (tmp_path / "nodes.json").write_text(
-        yaml.safe_dump({"kind": "NodeList", "items": [node]}).replace("\n", "\n")
-    )
-    import json
-
     (tmp_path / "nodes.json").write_text(
         json.dumps({"apiVersion": "v1", "kind": "List", "items": [node]})
     )
