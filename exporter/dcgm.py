@@ -152,5 +152,3 @@ def exposition(fams: Iterable[Family]) -> bytes:
 
 def render(node: NodeTopology | None, options: Options, now: float) -> bytes:
     return b"" if node is None else exposition(families(node, options, now))
-
-

@@ -69,8 +69,10 @@ def parse_node_labels(labels: Mapping[str, str], obj: str) -> NodeLabels:
         return f"metadata.labels[{key}]"
 
     product = labels.get(LABEL_PRODUCT, "")
-    if not product:
-        raise TopologyError(obj, label(LABEL_PRODUCT), "is required on a GPU node")
+    if not isinstance(product, str) or not product:
+        raise TopologyError(
+            obj, label(LABEL_PRODUCT), f"expected a GPU model name, got {product!r}"
+        )
     count = _int(labels.get(LABEL_COUNT, "1"), obj, label(LABEL_COUNT))
     if count > MAX_GPUS_PER_NODE:
         raise TopologyError(
