@@ -64,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("KUBECONFIG"),
         help="kubeconfig when not in a cluster (env KUBECONFIG)",
     )
-    return p  # fmt: skip
+    return p
 
 
 def _once(path: Path, node_name: str, options: dcgm.Options) -> int:

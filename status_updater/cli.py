@@ -82,7 +82,7 @@ def parser() -> argparse.ArgumentParser:
         help="seconds between checks that the ConfigMap still holds what was written "
         "(env RESYNC_SECONDS, default %(default)s)",
     )
-    return p  # fmt: skip
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

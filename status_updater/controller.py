@@ -170,17 +170,24 @@ class Controller:
             )
             return True, None, version
 
-    def write(self, topology: Topology) -> None:
-        """Create or patch (never PUT) the ConfigMap; a 409 re-reads and applies again."""
+    def write(
+        self, topology: Topology, read: tuple[bool, Topology | None, str | None] | None = None
+    ) -> None:
+        """Create or patch (never PUT) the ConfigMap; a 409 re-reads and applies again.
+
+        `read` is a `read_current()` the caller has just made, used for the first attempt.
+        """
         text = dump_yaml(topology)
-        if len(text.encode()) > CONFIGMAP_LIMIT:
+        size = len(text.encode())
+        if size > CONFIGMAP_LIMIT:
             # The API server would refuse it (and keep refusing): say why, keep the last write.
             raise TooLarge(
                 f"ConfigMap {self.namespace}/{self.name}: topology.yml for {len(topology.nodes)} nodes is "
-                f"{len(text.encode()) / 2**20:.1f} MiB, over the 1 MiB a ConfigMap holds; not written"
+                f"{size / 2**20:.1f} MiB, over the 1 MiB a ConfigMap holds; not written"
             )
         for _ in range(5):
-            exists, current, version = self.read_current()
+            exists, current, version = read or self.read_current()
+            read = None
             if current == topology:
                 self.written = topology
                 return
@@ -193,9 +200,8 @@ class Controller:
                 else:
                     patch: dict[str, Any] = {"data": {DATA_KEY: text}}
                     if version and version != "...":
-                        patch["metadata"] = {
-                            "resourceVersion": version
-                        }  # 409 if it moved meanwhile
+                        # The API answers 409 if the ConfigMap moved since it was read.
+                        patch["metadata"] = {"resourceVersion": version}
                     self.core.patch_namespaced_config_map(
                         self.name, self.namespace, patch, _request_timeout=REQUEST_TIMEOUT
                     )
@@ -235,14 +241,17 @@ class Controller:
             time.sleep(COALESCE_S)
             self.dirty.clear()
             try:
+                read = None
                 if self.written is None:
                     # What the ConfigMap holds: a node that cannot be read keeps its entry from it.
-                    self.written = self.read_current()[1] or Topology()
+                    read = self.read_current()
+                    self.written = read[1] or Topology()
                 topology = self.desired()
                 if stop.is_set() or not self.is_leader():
                     continue
                 if topology != self.written or verify:
-                    self.write(topology)  # reads first, writes only if the ConfigMap differs
+                    # Compares with the ConfigMap first (reusing that read), writes only if it differs.
+                    self.write(topology, read)
                 verify = False
                 backoff.reset()
             except TooLarge as e:

@@ -43,10 +43,13 @@ def parse_fb_used(value: str, obj: str, fb_total: int) -> int:
     field = f"metadata.annotations[{ANNOTATION_FB_USED}]"
     text = value.strip()
     try:
-        percent = float(text[:-1]) if text.endswith("%") else None
-        if percent is not None and not math.isfinite(percent):
-            raise ValueError(text)
-        mib = int(fb_total * percent / 100) if percent is not None else int(text)
+        if text.endswith("%"):
+            percent = float(text[:-1])
+            if not math.isfinite(percent):
+                raise ValueError(text)
+            mib = int(fb_total * percent / 100)
+        else:
+            mib = int(text)
     except ValueError:
         raise TopologyError(obj, field, f"expected MiB or a percentage, got {value!r}") from None
     if not 0 <= mib <= fb_total:
