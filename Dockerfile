@@ -10,6 +10,7 @@ RUN python -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY topology/ topology/
+COPY kube/ kube/
 COPY status_updater/ status_updater/
 COPY exporter/ exporter/
 # pip byte-compiles everything it installs: the pods run with a read-only root

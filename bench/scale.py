@@ -33,7 +33,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from exporter import dcgm
 from exporter.server import MetricsServer, Published, Snapshot
-from status_updater.reconcile import reconcile
+from status_updater.state import reconcile
 from topology.model import dump_yaml
 
 CONFIGMAP_LIMIT = 1024 * 1024

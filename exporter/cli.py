@@ -14,9 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from exporter import dcgm
+from exporter.many import NodesExporter
 from exporter.server import MetricsServer, Published
-from exporter.service import Exporter, follow_file, read_topology_file
+from exporter.service import Exporter, Sink, follow_file, read_topology_file
 from exporter.source import missing_node, node_of
+from kube.api import add_layout_argument, topology_name, topology_namespace
+from topology.configmap import node_configmap_name
 from topology.errors import TopologyError
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -38,13 +41,25 @@ def parser() -> argparse.ArgumentParser:
         "--topology-file",
         type=Path,
         metavar="FILE",
-        help="the topology ConfigMap or bare topology.yml; without it, watch the "
-        "ConfigMap TOPOLOGY_CM_NAME in TOPOLOGY_CM_NAMESPACE on the cluster",
+        help="a topology ConfigMap or bare topology.yml; without it, watch the node's "
+        "ConfigMap (see --layout) in TOPOLOGY_CM_NAMESPACE on the cluster",
     )
     p.add_argument(
         "--node-name",
         default=os.environ.get("NODE_NAME"),
         help="the node whose GPUs to export (env NODE_NAME)",
+    )
+    add_layout_argument(p)
+    p.add_argument(
+        "--all-nodes",
+        action="store_true",
+        help="serve every node's series from this one process, Hostname = the node name "
+        "(for nodes without an exporter pod, e.g. KWOK)",
+    )
+    p.add_argument(
+        "--node-selector",
+        metavar="LABELSELECTOR",
+        help="with --all-nodes: only the nodes whose labels match, e.g. type=kwok",
     )
     p.add_argument("--once", action="store_true", help="print the exposition and exit")
     p.add_argument("--address", default="0.0.0.0", help="listen address (default 0.0.0.0)")
@@ -67,9 +82,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _once(path: Path, node_name: str, options: dcgm.Options) -> int:
+def _once(args: argparse.Namespace, options: dcgm.Options) -> int:
+    path: Path = args.topology_file
     obj = f"topology file {path}"
     topology = read_topology_file(path)
+    if args.all_nodes:
+        many = NodesExporter(options, Published())
+        many.update(topology, obj)
+        snapshot = many.render()
+        if not snapshot.healthy:
+            raise TopologyError(obj, "nodes", snapshot.reason)
+        sys.stdout.buffer.write(snapshot.body)
+        return EXIT_OK
+    node_name: str = args.node_name
     node = node_of(topology, node_name, obj)
     if node is None:
         raise missing_node(topology, node_name, obj)
@@ -80,7 +105,11 @@ def _once(path: Path, node_name: str, options: dcgm.Options) -> int:
 def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
     stop = threading.Event()
     published = Published()
-    exporter = Exporter(args.node_name, options, published)
+    exporter: Exporter | NodesExporter = (
+        NodesExporter(options, published)
+        if args.all_nodes
+        else Exporter(args.node_name, options, published)
+    )
 
     def shutdown(*_: object) -> None:
         stop.set()
@@ -93,32 +122,55 @@ def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
         exporter.update(
             read_topology_file(args.topology_file), f"topology file {args.topology_file}"
         )
-        source = threading.Thread(
+        sources = [threading.Thread(
             target=follow_file, args=(args.topology_file, exporter, stop), daemon=True
-        )
+        )]  # fmt: skip
     else:
-        from exporter.watch import watch_configmap
-        from status_updater.kube import ConfigError, api_client
+        from kube.api import ConfigError, api_client
 
         try:
             client = api_client(args.kubeconfig)
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_USAGE
-        source = threading.Thread(
-            target=watch_configmap, args=(exporter, stop, client), daemon=True
-        )
+        sources = _watches(args, exporter, stop, client)
     try:
         server = MetricsServer(published, args.address, args.port)
     except OSError as e:
         print(f"error: cannot listen on {args.address}:{args.port}: {e.strerror}", file=sys.stderr)
         return EXIT_USAGE
     server.start()
-    source.start()
-    log.info("serving node %s on http://%s:%d/metrics", args.node_name, args.address, server.port)
+    for source in sources:
+        source.start()
+    what = "every node" if args.all_nodes else f"node {args.node_name}"
+    log.info("serving %s on http://%s:%d/metrics", what, args.address, server.port)
     exporter.run(stop)
     server.stop()
     return EXIT_OK
+
+
+def _watches(
+    args: argparse.Namespace, exporter: Sink, stop: threading.Event, client: object
+) -> list[threading.Thread]:
+    """The watches that feed the exporter: which ConfigMaps follows from the layout."""
+    from exporter.watch import watch_configmap, watch_node_configmaps, watch_selected_nodes
+
+    namespace = topology_namespace()
+    if isinstance(exporter, NodesExporter) and args.layout == "per-node":
+        threads = [threading.Thread(
+            target=watch_node_configmaps, args=(exporter, stop, client, namespace), daemon=True
+        )]  # fmt: skip
+    else:
+        name = topology_name() if args.layout == "single" else node_configmap_name(args.node_name)
+        threads = [threading.Thread(
+            target=watch_configmap, args=(exporter, stop, client, name, namespace), daemon=True
+        )]  # fmt: skip
+    if isinstance(exporter, NodesExporter) and args.node_selector:
+        threads.append(threading.Thread(
+            target=watch_selected_nodes, args=(exporter, stop, client, args.node_selector),
+            daemon=True,
+        ))  # fmt: skip
+    return threads
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,14 +179,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p = parser()
     args = p.parse_args(argv)
-    if not args.node_name:
-        p.error("--node-name (or env NODE_NAME) is required")
+    if not args.node_name and not args.all_nodes:
+        p.error("--node-name (or env NODE_NAME) is required, or --all-nodes")
     if args.once and args.topology_file is None:
         p.error("--once needs --topology-file")
+    if args.node_selector and not args.all_nodes:
+        p.error("--node-selector goes with --all-nodes")
+    if args.node_selector and args.topology_file is not None:
+        p.error("--node-selector reads Node labels from the cluster: not with --topology-file")
     options = dcgm.Options(hostname=args.hostname, driver_version=args.driver_version)
     try:
         if args.once:
-            return _once(args.topology_file, args.node_name, options)
+            return _once(args, options)
         return serve(args, options)
     except TopologyError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,7 +1,9 @@
 """The series a real dcgm-exporter serves for one node, built from a topology snapshot.
 
-Pure: `families(node, options, now)` -> metric families, `exposition(families)` -> the bytes of
-`/metrics`. Both run once per change of the snapshot (and on the utilization tick), never per scrape.
+Pure: `families(node, options, now)` -> metric families; `fragments` -> each family's series lines
+of one node; `join` -> the bytes of `/metrics` for one node or many (the series of a family stay
+together, under one HELP and TYPE). They run once per change of the snapshot (and on the
+utilization tick, for nodes whose values move in time), never per scrape.
 
 On a dynamic-MIG node (the real dumps in samples/mig/):
 
@@ -18,7 +20,7 @@ DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_FREE and DCGM_FI_DEV_FB_USED per GPU, with 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from topology.catalog import GpuModel, model_for_product, nvml_model_name
@@ -36,6 +38,7 @@ MIG_LABELS = (
     "gpu", "UUID", "device", "modelName", "GPU_I_PROFILE", "GPU_I_ID", "Hostname",
     "DCGM_FI_DRIVER_VERSION", "container", "namespace", "pod",
 )  # fmt: skip
+ORDER = (GPU_UTIL, FB_FREE, FB_USED)  # dcgm-exporter's family order
 GPU_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "container", "namespace", "pod")
 DEFAULT_DRIVER_VERSION = "520.56.06"
 # An instance nobody uses: what the A100-40GB dump `idle-1g.5gb-allocated` shows, FB_USED 6 and
@@ -135,20 +138,53 @@ def _holder(gpu: Gpu) -> tuple[str, str, str]:
     return (a.container, a.namespace, a.pod) if a else ("", "", "")
 
 
+def moves_in_time(node: NodeTopology) -> bool:
+    """Whether the node's values change with the clock: whole GPUs in use show utilization."""
+    return any(
+        gpu.mig_devices is None and gpu.status is not None and gpu.status.pod_gpu_usage_status
+        for gpu in node.gpus
+    )
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def _series(f: Family) -> bytes:
+    lines = []
+    for labels, value in f.samples:
+        text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+        lines.append(f"{f.name}{{{text}}} {value}\n")
+    return "".join(lines).encode()
+
+
+def fragments(node: NodeTopology, options: Options, now: float) -> dict[str, bytes]:
+    """The series lines of one node, per family: what `join` puts together."""
+    return {f.name: _series(f) for f in families(node, options, now)}
+
+
+_HEADERS = {name: f"# HELP {name} {HELP[name]}\n# TYPE {name} gauge\n".encode() for name in ORDER}
+
+
+def join(parts: Iterable[Mapping[str, bytes]]) -> bytes:
+    """Prometheus text format as dcgm-exporter writes it: integers print without a decimal point.
+
+    `parts` are `fragments` of one or more nodes; each family is written once, its series in
+    the order of `parts`.
+    """
+    parts = list(parts)
+    out: list[bytes] = []
+    for name in ORDER:
+        chunks = [p[name] for p in parts if p.get(name)]
+        if chunks:
+            out.append(_HEADERS[name])
+            out += chunks
+    return b"".join(out)
+
+
 def exposition(fams: Iterable[Family]) -> bytes:
-    """Prometheus text format as dcgm-exporter writes it: integers print without a decimal point."""
-    lines: list[str] = []
-    for f in fams:
-        lines += [f"# HELP {f.name} {f.help}", f"# TYPE {f.name} gauge"]
-        for labels, value in f.samples:
-            text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-            lines.append(f"{f.name}{{{text}}} {value}")
-    return ("\n".join(lines) + "\n").encode() if lines else b""
+    return join([{f.name: _series(f) for f in fams}])
 
 
 def render(node: NodeTopology | None, options: Options, now: float) -> bytes:
-    return b"" if node is None else exposition(families(node, options, now))
+    return b"" if node is None else join([fragments(node, options, now)])

@@ -7,10 +7,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from exporter import dcgm
 from exporter.server import Published, Snapshot
-from exporter.source import missing_node, node_of, parse_topology_document
+from exporter.source import missing_node, node_of
+from topology.configmap import parse_document
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
 
@@ -88,12 +90,18 @@ def read_topology_file(path: Path) -> Topology:
         raise TopologyError(
             obj, "topology", f"cannot be read: {e.strerror if isinstance(e, OSError) else e}"
         ) from None
-    return parse_topology_document(text, obj)
+    return parse_document(text, obj)
 
 
-def follow_file(
-    path: Path, exporter: Exporter, stop: threading.Event, interval: float = 1.0
-) -> None:
+class Sink(Protocol):
+    """What a topology source feeds: the one-node `Exporter` or the many-nodes one."""
+
+    def update(self, topology: Topology, obj: str) -> None: ...
+
+    def problem(self, reason: str) -> None: ...
+
+
+def follow_file(path: Path, exporter: Sink, stop: threading.Event, interval: float = 1.0) -> None:
     """Reload when the file changes: a ConfigMap mounted as a volume is updated in place."""
     seen: tuple[float, int] | None = None
     while not stop.is_set():

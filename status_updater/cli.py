@@ -7,59 +7,92 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from status_updater.configmap import (
-    configmap_name,
-    configmap_namespace,
-    dump_object,
-    topology_configmap,
-)
+import yaml
+
+from kube.api import add_layout_argument, topology_name, topology_namespace
 from status_updater.objects import InputError, load_objects
-from status_updater.reconcile import reconcile
+from status_updater.reconcile import document
+from status_updater.state import ClusterState
+from topology import configmap as contract
+from topology.model import NodeTopology, SafeDumper, dump_yaml
 
 EXIT_OK, EXIT_USAGE = 0, 2
 
 
-def _warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
+class _LiteralDumper(SafeDumper):  # type: ignore[valid-type,misc]
+    """Prints multi-line strings as `|` blocks so the embedded topology stays readable."""
 
 
-def render(nodes: list[str], pods: list[str]) -> int:
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_LiteralDumper.add_representer(str, _str)
+
+
+def dump_object(obj: dict[str, Any]) -> str:
+    return yaml.dump(obj, Dumper=_LiteralDumper, sort_keys=False, default_flow_style=False)
+
+
+def configmaps(state: ClusterState, layout: str, namespace: str) -> dict[str, Any]:
+    """What the updater would write for this state: one ConfigMap, or a List of per-node ones."""
+    if layout == "single":
+        return contract.configmap(dump_yaml(state.topology()), topology_name(), namespace)
+    items = [
+        contract.node_configmap(
+            name,
+            dump_yaml(document(name, result, state.node_strategy(name))),
+            namespace,
+            state.node_uid(name),
+        )
+        for name, result in sorted(state.results.items())
+        if isinstance(result, NodeTopology)
+    ]
+    return {"apiVersion": "v1", "kind": "List", "items": items}
+
+
+def render(nodes: list[str], pods: list[str], layout: str) -> int:
     try:
         objects = [*load_objects(nodes, "Node"), *load_objects(pods, "Pod")]
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    node_objs = [o for o in objects if o.get("kind") == "Node"]
-    pod_objs = [o for o in objects if o.get("kind") == "Pod"]
-    topology, warnings = reconcile(node_objs, pod_objs)
-    for w in warnings:
-        _warn(str(w))
-    cm = topology_configmap(topology, configmap_name(), configmap_namespace())
-    sys.stdout.write(dump_object(cm))
+    state = ClusterState.of(
+        (o for o in objects if o.get("kind") == "Node"),
+        (o for o in objects if o.get("kind") == "Pod"),
+    )
+    for w in state.all_warnings():
+        print(f"warning: {w}", file=sys.stderr)
+    sys.stdout.write(dump_object(configmaps(state, layout, topology_namespace())))
     return EXIT_OK
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m status_updater",
-        description="Turns run:ai dynamic-MIG Nodes and Pods into the topology ConfigMap.",
+        description="Turns run:ai dynamic-MIG Nodes and Pods into topology ConfigMaps.",
     )
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser(
         "render",
-        help="print the topology ConfigMap for Node/Pod manifests",
-        description="Print the topology ConfigMap (name from TOPOLOGY_CM_NAME, namespace from "
-        "TOPOLOGY_CM_NAMESPACE) for Nodes and Pods read from YAML/JSON files or directories.",
+        help="print the topology ConfigMaps for Node/Pod manifests",
+        description="Print the topology ConfigMaps (in TOPOLOGY_CM_NAMESPACE) for Nodes and Pods "
+        "read from YAML/JSON files or directories: a List of topology-<node> ConfigMaps, or with "
+        "--layout single the one ConfigMap TOPOLOGY_CM_NAME.",
     )
     r.add_argument("--nodes", nargs="+", required=True, metavar="PATH", help="Node manifests")
     r.add_argument("--pods", nargs="+", default=[], metavar="PATH", help="Pod manifests")
+    add_layout_argument(r)
     live = sub.add_parser(
         "run",
-        help="keep the topology ConfigMap up to date from the cluster",
-        description="Watch Nodes and Pods and keep the topology ConfigMap (TOPOLOGY_CM_NAME in "
-        "TOPOLOGY_CM_NAMESPACE) up to date. Replicas elect one writer with a Lease.",
+        help="keep the topology ConfigMaps up to date from the cluster",
+        description="Watch Nodes and Pods and keep the topology ConfigMaps in "
+        "TOPOLOGY_CM_NAMESPACE up to date. Replicas elect one writer with a Lease.",
     )
+    add_layout_argument(live)
     live.add_argument(
         "--kubeconfig",
         default=os.environ.get("KUBECONFIG"),
@@ -79,7 +112,7 @@ def parser() -> argparse.ArgumentParser:
         "--resync",
         type=float,
         default=float(os.environ.get("RESYNC_SECONDS") or 30),
-        help="seconds between checks that the ConfigMap still holds what was written "
+        help="seconds between checks that the ConfigMaps still hold what was written "
         "(env RESYNC_SECONDS, default %(default)s)",
     )
     return p
@@ -89,10 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.command == "render":
-            return render(args.nodes, args.pods)
+            return render(args.nodes, args.pods, args.layout)
         from status_updater.daemon import run
 
-        return run(args.kubeconfig, args.lease_name, args.identity, args.resync)
+        return run(args.kubeconfig, args.layout, args.lease_name, args.identity, args.resync)
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # the last guard: a user sees one line, never a traceback

@@ -9,16 +9,19 @@ import threading
 
 import kubernetes
 
-from status_updater.configmap import configmap_name, configmap_namespace
-from status_updater.controller import Controller
-from status_updater.kube import ConfigError, api_client
+from kube.api import ConfigError, api_client, topology_name, topology_namespace
+from status_updater.controller import Controller, Writer
 from status_updater.leader import LeaderElector
+from status_updater.pernode import PerNodeWriter
+from status_updater.single import SingleWriter
 
 EXIT_OK, EXIT_USAGE = 0, 2
 log = logging.getLogger("status_updater")
 
 
-def run(kubeconfig: str | None, lease_name: str, identity: str, resync_s: float) -> int:
+def run(
+    kubeconfig: str | None, layout: str, lease_name: str, identity: str, resync_s: float
+) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -27,9 +30,15 @@ def run(kubeconfig: str | None, lease_name: str, identity: str, resync_s: float)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    name, namespace = configmap_name(), configmap_namespace()
+    namespace = topology_namespace()
+    core = kubernetes.client.CoreV1Api(client)
+    writer: Writer = (
+        SingleWriter(core, topology_name(), namespace)
+        if layout == "single"
+        else PerNodeWriter(core, namespace)
+    )
     stop = threading.Event()
-    controller = Controller(kubernetes.client.CoreV1Api(client), name, namespace, resync_s=resync_s)
+    controller = Controller(core, writer, resync_s=resync_s)
     elector = LeaderElector(
         kubernetes.client.CoordinationV1Api(client),
         lease_name,
@@ -45,17 +54,17 @@ def run(kubeconfig: str | None, lease_name: str, identity: str, resync_s: float)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, shutdown)
-    writer = threading.Thread(
+    writer_thread = threading.Thread(
         target=controller.run_writer, args=(stop,), name="writer", daemon=True
     )
     elect = threading.Thread(target=elector.run, args=(stop,), name="elector", daemon=True)
-    for t in (*controller.informers(stop), elect, writer):
+    for t in (*controller.informers(stop), elect, writer_thread):
         t.start()
-    log.info("running as %s: ConfigMap %s/%s, lease %s", identity, namespace, name, lease_name)
+    log.info("running as %s: %s layout, %s, lease %s", identity, layout, writer.what, lease_name)
     while not stop.wait(3600):
         pass
     # SIGTERM: a write in flight gets a moment to land (a PATCH lands whole or not at all), then
     # the Lease is released so a standby takes over at once. Watches are daemon threads.
-    writer.join(timeout=1.0)
+    writer_thread.join(timeout=1.0)
     elector.release()
     return EXIT_OK

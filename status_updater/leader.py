@@ -15,7 +15,7 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from status_updater.kube import TRANSIENT, describe
+from kube.api import TRANSIENT, describe, usable_version
 
 log = logging.getLogger(__name__)
 LEASE_DURATION_S = 15
@@ -128,12 +128,12 @@ class LeaderElector:
         expired = renewed is None or _now() - renewed > dt.timedelta(seconds=duration)
         if holder and holder != self.identity and not expired:
             return False
-        version = lease.metadata.resource_version if lease.metadata else None
+        version = usable_version(lease.metadata.resource_version if lease.metadata else None)
         try:
             self.api.patch_namespaced_lease(
                 self.name,
                 self.namespace,
-                self._body(version if version != "..." else None, holder != self.identity),
+                self._body(version, holder != self.identity),
                 _request_timeout=LEASE_TIMEOUT,
             )
         except ApiException as e:
@@ -179,8 +179,10 @@ class LeaderElector:
                 if lease.spec is None or lease.spec.holder_identity != self.identity:
                     return
                 meta: dict[str, Any] = {}
-                version = lease.metadata.resource_version if lease.metadata else None
-                if version and version != "...":
+                version = usable_version(
+                    lease.metadata.resource_version if lease.metadata else None
+                )
+                if version:
                     meta["resourceVersion"] = version
                 self.api.patch_namespaced_lease(
                     self.name,

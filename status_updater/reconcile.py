@@ -1,28 +1,31 @@
-"""Pure reconcile: observed Nodes and Pods (Kubernetes JSON) -> the desired topology.
+"""Pure reconcile: one node's Node and Pods (Kubernetes JSON) -> that node's topology.
 
-`render` and the live controller run exactly this code. Nothing here does I/O; every problem in
-one object is returned as a TopologyError naming it, and the other objects are still reconciled.
+`render`, the live controller and the tests run exactly this code, through
+`status_updater.state.ClusterState`, which keeps it incremental. Nothing here does I/O; every
+problem in one object is returned as a TopologyError naming it, and the other objects are still
+reconciled.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from status_updater import usage
 from status_updater.usage import pod_usage
 from topology import runai
 from topology.catalog import MIG_SUFFIX, GpuModel, model_for_product
 from topology.errors import TopologyError
 from topology.model import AllocatedBy, DeviceStatus, Gpu, MigDevice, NodeTopology, Topology
-from topology.validate import duplicate_id_errors, node_errors
+from topology.validate import node_errors
 
 Obj = Mapping[str, Any]
 # GPU ids are uuid5 of the node name and index: stable across runs, restarts and replicas.
 _GPU_NAMESPACE = uuid.UUID("6f1c2a4e-3b7d-5e8f-9a0b-1c2d3e4f5a6b")
 RELEASED_PHASES = ("Succeeded", "Failed")
+GPU_RESOURCE = "nvidia.com/gpu"
 
 
 def gpu_uuid(node_name: str, index: int) -> str:
@@ -42,13 +45,98 @@ def node_name(node: Obj) -> str:
     return str(_meta(node).get("name") or "")
 
 
-def pod_ref(pod: Obj) -> str:
+def node_uid(node: Obj) -> str | None:
+    uid = _meta(node).get("uid")
+    return uid if isinstance(uid, str) and uid else None
+
+
+def pod_key(pod: Obj) -> str:
     meta = _meta(pod)
-    return f"pod {meta.get('namespace', 'default')}/{meta.get('name', '?')}"
+    return f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
+
+
+def pod_ref(pod: Obj) -> str:
+    return f"pod {pod_key(pod)}"
 
 
 def is_gpu_node(node: Obj) -> bool:
     return runai.is_gpu_node(_strings(_meta(node).get("labels")))
+
+
+def node_strategy(node: Obj) -> str | None:
+    value = _strings(_meta(node).get("labels")).get(runai.LABEL_STRATEGY)
+    return value if isinstance(value, str) else None
+
+
+# --- what is kept of each object -----------------------------------------------------------------
+# A cluster holds many times more than reconcile reads (managedFields, status, other annotations):
+# the caches keep only these, in the same JSON shape, so the code below reads either form.
+
+NODE_LABELS = (runai.LABEL_PRODUCT, runai.LABEL_COUNT, runai.LABEL_MEMORY, runai.LABEL_STRATEGY,
+               runai.LABEL_DYNAMIC_MIG, runai.LABEL_MIG_ENABLED)  # fmt: skip
+NODE_ANNOTATIONS = (runai.ANNOTATION_MIG_CONFIG, runai.ANNOTATION_MIG_MAPPING)
+POD_ANNOTATIONS = (
+    runai.ANNOTATION_POD_MIG_DEVICE,
+    usage.ANNOTATION_UTILIZATION,
+    usage.ANNOTATION_FB_USED,
+)
+POD_LABELS = (usage.LABEL_INFERENCE,)
+
+
+def _only(value: object, keys: Iterable[str]) -> dict[str, Any]:
+    found = _strings(value)
+    return {k: found[k] for k in keys if k in found}
+
+
+def slim_node(node: Obj) -> dict[str, Any]:
+    meta = _meta(node)
+    return {
+        "kind": "Node",
+        "metadata": {
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "labels": _only(meta.get("labels"), NODE_LABELS),
+            "annotations": _only(meta.get("annotations"), NODE_ANNOTATIONS),
+        },
+    }
+
+
+def slim_pod(pod: Obj) -> dict[str, Any]:
+    meta = _meta(pod)
+    spec = pod.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    status = pod.get("status")
+    containers = spec.get("containers")
+    kept = []
+    for c in containers if isinstance(containers, list) else []:
+        if not isinstance(c, Mapping):
+            continue
+        resources = c.get("resources")
+        limits = resources.get("limits") if isinstance(resources, Mapping) else None
+        kept.append(
+            {"name": c.get("name"), "resources": {"limits": _only(limits, (GPU_RESOURCE,))}}
+        )
+    return {
+        "kind": "Pod",
+        "metadata": {
+            **{k: meta.get(k) for k in ("name", "namespace", "uid", "creationTimestamp")},
+            "labels": _only(meta.get("labels"), POD_LABELS),
+            "annotations": _only(meta.get("annotations"), POD_ANNOTATIONS),
+        },
+        "spec": {"nodeName": spec.get("nodeName"), "containers": kept},
+        "status": {"phase": status.get("phase") if isinstance(status, Mapping) else None},
+    }
+
+
+def may_hold_gpu(pod: Obj) -> bool:
+    """Whether the pod can hold a device now: placed, not finished, asking for a MIG device or GPUs.
+
+    Only these are kept: on a real cluster most pods never touch a GPU.
+    """
+    annotations = _strings(_meta(pod).get("annotations"))
+    return holds_gpu(pod) and (
+        runai.ANNOTATION_POD_MIG_DEVICE in annotations or _whole_gpus_requested(pod) > 0
+    )
 
 
 # --- nodes ---------------------------------------------------------------------------------------
@@ -192,7 +280,7 @@ def _whole_gpus_requested(pod: Obj) -> int:
     for c in containers if isinstance(containers, list) else []:
         resources = c.get("resources") if isinstance(c, Mapping) else None
         limits = resources.get("limits") if isinstance(resources, Mapping) else None
-        value = limits.get("nvidia.com/gpu") if isinstance(limits, Mapping) else None
+        value = limits.get(GPU_RESOURCE) if isinstance(limits, Mapping) else None
         if value is not None and str(value).isdigit():
             total += int(str(value))
     return total
@@ -330,58 +418,6 @@ def allocate(
     return state.result()
 
 
-# --- the whole topology --------------------------------------------------------------------------
-
-
-def cluster_strategy(nodes: Iterable[Obj]) -> str:
-    """The MIG strategy the GPU nodes are labelled with (the most common; `none` when unlabelled)."""
-    seen = Counter(
-        _strings(_meta(n).get("labels")).get(runai.LABEL_STRATEGY) for n in nodes if is_gpu_node(n)
-    )
-    seen.pop(None, None)
-    if not seen:
-        return "none"
-    return sorted(seen.items(), key=lambda kv: (-kv[1], str(kv[0])))[0][0] or "none"
-
-
-def reconcile(
-    nodes: Iterable[Obj], pods: Iterable[Obj], previous: Topology | None = None
-) -> tuple[Topology, list[TopologyError]]:
-    """Desired topology and the problems found on the way.
-
-    A node that cannot be read keeps its entry from `previous` (the live controller passes the
-    last written topology) or is left out (offline render), never taking other nodes with it.
-    """
-    warnings: list[TopologyError] = []
-    gpu_nodes = sorted((n for n in nodes if is_gpu_node(n)), key=node_name)
-    pods_by_node: dict[str, list[Obj]] = {}
-    for pod in pods:
-        target = pod_node(pod)
-        if target is not None:
-            pods_by_node.setdefault(target, []).append(pod)
-    result: dict[str, NodeTopology] = {}
-    for node in gpu_nodes:
-        name = node_name(node)
-        try:
-            built = build_node(node)
-        except Exception as e:  # TopologyError, or the last guard for anything unforeseen
-            warnings.append(
-                e
-                if isinstance(e, TopologyError)
-                else TopologyError(f"node {name}", "?", f"cannot be read: {type(e).__name__}: {e}")
-            )
-            _keep_previous(result, name, previous)
-            continue
-        result[name] = allocate(name, built, pods_by_node.get(name, ()), warnings)
-    # Ids must be unique cluster-wide (a copied mapping, say): a node repeating one is a bad node.
-    for error in duplicate_id_errors(Topology(nodes=result)):
-        warnings.append(error)
-        name = error.obj.removeprefix("node ")
-        result.pop(name, None)
-        _keep_previous(result, name, previous)
-    return Topology(mig_strategy=cluster_strategy(gpu_nodes), nodes=result), warnings
-
-
-def _keep_previous(result: dict[str, NodeTopology], name: str, previous: Topology | None) -> None:
-    if previous is not None and name in previous.nodes:
-        result[name] = previous.nodes[name]
+def document(name: str, node: NodeTopology, strategy: str | None) -> Topology:
+    """The `topology.yml` of one node: the cluster schema with just this node under `nodes:`."""
+    return Topology(mig_strategy=strategy or "none", nodes={name: node})

@@ -28,7 +28,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, t
 
 
 def test_render_names_the_configmap_from_the_environment() -> None:
-    result = run_cli("status_updater", "render", "--nodes", str(SAMPLES / "nodes"),
+    result = run_cli("status_updater", "render", "--nodes", str(SAMPLES / "nodes"), "--layout", "single",
                      env={"TOPOLOGY_CM_NAME": "mig-topo", "TOPOLOGY_CM_NAMESPACE": "sim"})  # fmt: skip
     assert result.returncode == 0, result.stderr
     cm = yaml.safe_load(result.stdout)
@@ -54,6 +54,7 @@ def test_render_reads_json_lists_and_multi_document_yaml(tmp_path: Path) -> None
         str(tmp_path / "nodes.json"),
         "--pods",
         str(tmp_path / "pods.yaml"),
+        env={"TOPOLOGY_LAYOUT": "single"},
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == TOPOLOGY.read_text()
@@ -63,14 +64,77 @@ def test_render_bad_node_among_many_warns_in_one_line(tmp_path: Path) -> None:
     bad = {"kind": "Node", "metadata": {"name": "gpu-bad", "labels": {
         "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "two"}}}  # fmt: skip
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    for layout in ("single", "per-node"):
+        result = run_cli("status_updater", "render", "--nodes", str(tmp_path / "bad.yaml"),
+                         str(SAMPLES / "nodes"), "--layout", layout)  # fmt: skip
+        assert result.returncode == 0
+        assert result.stderr.strip() == (
+            "warning: node gpu-bad: metadata.labels[nvidia.com/gpu.count]: expected an integer, got 'two'"
+        )
+        out = yaml.safe_load(result.stdout)
+        docs = [cm["data"]["topology.yml"] for cm in out.get("items", [out])]
+        assert NODE in {n for d in docs for n in yaml.safe_load(d)["nodes"]}
+        assert "gpu-bad" not in result.stdout
+
+
+def test_render_per_node_prints_one_configmap_per_gpu_node() -> None:
+    nodes, pods = str(SAMPLES / "nodes"), str(SAMPLES / "pods")
+    single = run_cli(
+        "status_updater", "render", "--nodes", nodes, "--pods", pods, "--layout", "single"
+    )
+    per_node = run_cli("status_updater", "render", "--nodes", nodes, "--pods", pods,
+                       env={"TOPOLOGY_CM_NAMESPACE": "sim"})  # fmt: skip
+    assert single.returncode == per_node.returncode == 0, per_node.stderr
+    whole = yaml.safe_load(yaml.safe_load(single.stdout)["data"]["topology.yml"])
+    listed = yaml.safe_load(per_node.stdout)
+    assert (listed["apiVersion"], listed["kind"]) == ("v1", "List")
+    seen = {}
+    for cm in listed["items"]:
+        meta = cm["metadata"]
+        doc = yaml.safe_load(cm["data"]["topology.yml"])
+        (name,) = doc["nodes"]  # exactly one node, in the cluster schema
+        assert meta["name"] == f"topology-{name}" and meta["namespace"] == "sim"
+        assert meta["labels"] == {"node-topology": "true", "node-name": name,
+                                  "app.kubernetes.io/managed-by": "topology-status-updater"}  # fmt: skip
+        seen[name] = doc["nodes"][name]
+        assert doc["mig-strategy"] in ("mixed", "single")
+    assert seen == whole["nodes"]
+    # The real node manifest carries its uid: its ConfigMap is owned by it.
+    real = next(cm for cm in listed["items"] if cm["metadata"]["name"] == f"topology-{NODE}")
+    node = yaml.safe_load((SAMPLES / "nodes" / "a100-40gb-3-instances.yaml").read_text())
+    assert real["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node["metadata"]["uid"]}
+    ]
+
+
+def test_a_bad_layout_is_a_usage_error() -> None:
+    for args, env in (((), {"TOPOLOGY_LAYOUT": "sharded"}), (("--layout", "both"), {})):
+        result = run_cli(
+            "status_updater", "render", "--nodes", str(SAMPLES / "nodes"), *args, env=env
+        )
+        assert_one_line_error(result, 2, "expected per-node or single, got")
+
+
+def test_exporter_all_nodes_once_serves_every_node_as_its_hostname(tmp_path: Path) -> None:
+    rendered = run_cli(
+        "status_updater", "render", "--nodes", str(SAMPLES / "nodes"), "--layout", "single"
+    )
+    (tmp_path / "cm.yaml").write_text(rendered.stdout)
     result = run_cli(
-        "status_updater", "render", "--nodes", str(tmp_path / "bad.yaml"), str(SAMPLES / "nodes")
+        "exporter", "--topology-file", str(tmp_path / "cm.yaml"), "--all-nodes", "--once"
     )
-    assert result.returncode == 0
-    assert result.stderr.strip() == (
-        "warning: node gpu-bad: metadata.labels[nvidia.com/gpu.count]: expected an integer, got 'two'"
-    )
-    assert NODE in yaml.safe_load(yaml.safe_load(result.stdout)["data"]["topology.yml"])["nodes"]
+    assert result.returncode == 0, result.stderr
+    series = parse(result.stdout)
+    nodes = sorted(yaml.safe_load(yaml.safe_load(rendered.stdout)["data"]["topology.yml"])["nodes"])
+    assert sorted({s.label("Hostname") for s in series}) == nodes
+    # Each node's series are those its own exporter serves, with its name as Hostname.
+    for node in nodes:
+        alone = run_cli("exporter", "--topology-file", str(tmp_path / "cm.yaml"), "--node-name",
+                        node, "--hostname", node, "--once")  # fmt: skip
+        assert [s for s in series if s.label("Hostname") == node] == parse(alone.stdout)
+    # Every family once, each with its HELP and TYPE: the text Prometheus accepts.
+    names = [line.split()[2] for line in result.stdout.splitlines() if line.startswith("# TYPE")]
+    assert len(names) == len(set(names)) == len({s.name for s in series})
 
 
 def test_render_unusable_input_exits_2(tmp_path: Path) -> None:
@@ -113,7 +177,9 @@ def test_exporter_errors_are_one_line(tmp_path: Path) -> None:
     assert_one_line_error(run_cli("exporter", "--topology-file", str(tmp_path / "bad.yaml"), "--node-name", "n", "--once"),
                           2, "gpus[0].mig-devices[0].name: node n: unknown profile '1g.5gb' for H200-141GB")  # fmt: skip
     assert_one_line_error(run_cli("exporter", "--topology-file", str(TOPOLOGY), "--once", env={"NODE_NAME": ""}), 2,
-                          "--node-name (or env NODE_NAME) is required")  # fmt: skip
+                          "--node-name (or env NODE_NAME) is required, or --all-nodes")  # fmt: skip
+    assert_one_line_error(run_cli("exporter", "--node-name", NODE, "--node-selector", "type=kwok"), 2,
+                          "--node-selector goes with --all-nodes")  # fmt: skip
 
 
 def free_port() -> int:

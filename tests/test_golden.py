@@ -150,11 +150,17 @@ def test_mig_disabled_whole_gpu(tmp_path: Path) -> None:
         assert mine.label("modelName") == theirs.label("modelName") == "NVIDIA A100-SXM4-40GB"
 
 
-def test_bundled_topology_is_what_render_produces() -> None:
-    """samples/mig/topology/ is the README's sample: it must stay the render of the samples."""
-    rendered = run_cli(
-        "status_updater", "render", "--nodes", str(SAMPLES / "nodes" / "a100-40gb-3-instances.yaml"),
-        "--pods", str(SAMPLES / "pods"),
-    )  # fmt: skip
-    assert rendered.returncode == 0, rendered.stderr
-    assert rendered.stdout == (SAMPLES / "topology" / "a100-40gb-active.yaml").read_text()
+def test_bundled_topologies_are_what_render_produces() -> None:
+    """samples/mig/topology/ holds the README's samples, one per layout: they must stay the
+    render of the sample node and pods."""
+    args = ("status_updater", "render", "--nodes", str(SAMPLES / "nodes" / "a100-40gb-3-instances.yaml"),
+            "--pods", str(SAMPLES / "pods"))  # fmt: skip
+    single = run_cli(*args, "--layout", "single")
+    assert single.returncode == 0, single.stderr
+    assert single.stdout == (SAMPLES / "topology" / "a100-40gb-active.yaml").read_text()
+    per_node = run_cli(*args, "--layout", "per-node")
+    assert per_node.returncode == 0, per_node.stderr
+    (cm,) = yaml.safe_load(per_node.stdout)["items"]
+    sample = SAMPLES / "topology" / f"topology-{NODE}.yaml"
+    assert cm == yaml.safe_load(sample.read_text())
+    assert cm["data"] == yaml.safe_load(single.stdout)["data"]  # one node: the same document

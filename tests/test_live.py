@@ -30,15 +30,16 @@ REAL_NODE: dict[str, Any] = yaml.safe_load(
 
 
 class Daemons:
-    def __init__(self, kube: KubeAPI, tmp_path: Path) -> None:
+    def __init__(self, kube: KubeAPI, tmp_path: Path, layout: str = "per-node") -> None:
         self.kube = kube
+        self.layout = layout
         self.kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
         self.procs: list[subprocess.Popen[str]] = []
         self.logs = tmp_path
 
     def start(self, *args: str, name: str) -> subprocess.Popen[str]:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "TOPOLOGY_CM_NAMESPACE": NS,
-               "POD_NAME": name, "PYTHONUNBUFFERED": "1"}  # fmt: skip
+               "POD_NAME": name, "PYTHONUNBUFFERED": "1", "TOPOLOGY_LAYOUT": self.layout}  # fmt: skip
         env.pop("KUBERNETES_SERVICE_HOST", None)
         log = (self.logs / f"{name}.log").open("w")
         proc = subprocess.Popen(
@@ -50,19 +51,16 @@ class Daemons:
     def updater(self, name: str = "updater-0", *args: str) -> subprocess.Popen[str]:
         return self.start("status_updater", "run", *args, name=name)
 
-    def exporter(self) -> str:
+    def exporter(self, *args: str, name: str = "exporter") -> str:
         port = free_port()
-        self.start(
-            "exporter",
-            "--node-name",
-            NODE,
-            "--address",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            name="exporter",
-        )
+        args = args or ("--node-name", NODE)
+        self.start("exporter", *args, "--address", "127.0.0.1", "--port", str(port), name=name)
         return f"http://127.0.0.1:{port}"
+
+    @property
+    def configmap(self) -> str:
+        """The ConfigMap that holds NODE in this layout."""
+        return "topology" if self.layout == "single" else f"topology-{NODE}"
 
     def log(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text()
@@ -73,10 +71,15 @@ class Daemons:
             p.wait()
 
 
-@pytest.fixture(params=[True, False], ids=["strict-emulator", "plain-kmock"])
+LAYOUTS = ["per-node", "single"]
+
+
+@pytest.fixture(params=[(s, layout) for s in (True, False) for layout in LAYOUTS],
+                ids=lambda p: f"{'strict-emulator' if p[0] else 'plain-kmock'}-{p[1]}")  # fmt: skip
 def daemons(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemons]:
-    with KubeAPI.start(strict=request.param) as kube:
-        d = Daemons(kube, tmp_path)
+    strict, layout = request.param
+    with KubeAPI.start(strict=strict) as kube:
+        d = Daemons(kube, tmp_path, layout)
         try:
             yield d
         finally:
@@ -88,13 +91,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def topology(kube: KubeAPI) -> dict[str, Any] | None:
-    cm = kube.find("configmaps", "topology", NS)
+def topology(d: Daemons) -> dict[str, Any] | None:
+    """The document of the ConfigMap that holds NODE (None when there is no such ConfigMap)."""
+    cm = d.kube.find("configmaps", d.configmap, NS)
     return yaml.safe_load(cm["data"]["topology.yml"]) if cm else None
 
 
-def mig_devices(kube: KubeAPI) -> list[dict[str, Any]] | None:
-    t = topology(kube)
+def mig_devices(d: Daemons) -> list[dict[str, Any]] | None:
+    t = topology(d)
     node = (t or {}).get("nodes", {}).get(NODE)
     return node["gpus"][0].get("mig-devices") if node else None
 
@@ -146,7 +150,7 @@ def test_cluster_changes_reach_the_configmap_and_metrics(daemons: Daemons) -> No
 
     # Node annotated: the topology appears, devices without ids until the mapping names them.
     kube.create("nodes", node_object(FOUR_SMALL))
-    devices = eventually(lambda: mig_devices(kube), timeout=20)
+    devices = eventually(lambda: mig_devices(daemons), timeout=20)
     assert [(d["name"], d["position"], d.get("id")) for d in devices] == [
         ("1g.5gb", 0, None), ("1g.5gb", 1, None), ("1g.5gb", 4, None), ("1g.5gb", 6, None)]  # fmt: skip
     mapping = {"0": [{"position": p, "device_uuid": f"MIG-{p}", "gpu_instance_id": gi}
@@ -158,7 +162,8 @@ def test_cluster_changes_reach_the_configmap_and_metrics(daemons: Daemons) -> No
     )
     eventually(
         lambda: (
-            [d.get("id") for d in mig_devices(kube) or []] == ["MIG-0", "MIG-1", "MIG-4", "MIG-6"]
+            [d.get("id") for d in mig_devices(daemons) or []]
+            == ["MIG-0", "MIG-1", "MIG-4", "MIG-6"]
         ),
         timeout=10,
     )
@@ -173,7 +178,7 @@ def test_cluster_changes_reach_the_configmap_and_metrics(daemons: Daemons) -> No
     # A pod takes the instance at position 6: its FB_USED rises.
     kube.create("pods", mig_pod("burn", 6, 4384), namespace="runai-p1")
     eventually(lambda: fb(url)["9"] == ("1g.5gb", 4384), timeout=10)
-    held = next(d for d in mig_devices(kube) or [] if d["position"] == 6)
+    held = next(d for d in mig_devices(daemons) or [] if d["position"] == 6)
     assert held["status"]["allocated-by"] == {
         "namespace": "runai-p1",
         "pod": "burn",
@@ -195,9 +200,14 @@ def test_cluster_changes_reach_the_configmap_and_metrics(daemons: Daemons) -> No
     # Node deleted: its entry goes. The exporter (whose pod would go with the node) keeps the
     # last good series and says why it is stale.
     kube.delete("nodes", NODE)
-    eventually(lambda: topology(kube) == {"mig-strategy": "none", "nodes": {}}, timeout=10)
+    if daemons.layout == "single":
+        eventually(lambda: topology(daemons) == {"mig-strategy": "none", "nodes": {}}, timeout=10)
+        gone = f"nodes.{NODE}: is not in the topology"
+    else:  # its own ConfigMap goes with it
+        eventually(lambda: kube.find("configmaps", daemons.configmap, NS) is None, timeout=10)
+        gone = f"ConfigMap {NS}/topology-{NODE}: not found"
     _, reason = eventually(lambda: (r := get(f"{url}/health"))[0] == 503 and r, timeout=10)
-    assert f"nodes.{NODE}: is not in the topology" in reason
+    assert gone in reason
     assert fb(url) == {"0": ("7g.40gb", 6)}
 
 
@@ -205,13 +215,13 @@ def test_two_replicas_one_writer(daemons: Daemons) -> None:
     kube = daemons.kube
     kube.create("nodes", node_object(FOUR_SMALL))
     a, b = daemons.updater("updater-a"), daemons.updater("updater-b")
-    eventually(lambda: mig_devices(kube), timeout=20)
+    eventually(lambda: mig_devices(daemons), timeout=20)
     lease = eventually(lambda: kube.find("leases", "topology-status-updater", NS), timeout=10)
     leader = lease["spec"]["holderIdentity"]
     assert leader in ("updater-a", "updater-b")
     for i in range(5):
         kube.create("pods", mig_pod(f"p{i}", [0, 1, 4, 6][i % 4], 100 + i), namespace="runai-p1")
-    eventually(lambda: sum("status" in d for d in mig_devices(kube) or []) == 4, timeout=10)
+    eventually(lambda: sum("status" in d for d in mig_devices(daemons) or []) == 4, timeout=10)
     time.sleep(1)
     follower = "updater-b" if leader == "updater-a" else "updater-a"
     # The standby waits without spinning while events arrive that it must not write.
@@ -238,16 +248,16 @@ def test_two_replicas_one_writer(daemons: Daemons) -> None:
     )
     # p0 goes; p4, which waited for the same instance, now holds it.
     kube.delete("pods", "p0", namespace="runai-p1")
-    at_zero = lambda: next(d for d in mig_devices(kube) or [] if d["position"] == 0)  # noqa: E731
+    at_zero = lambda: next(d for d in mig_devices(daemons) or [] if d["position"] == 0)  # noqa: E731
     eventually(lambda: at_zero()["status"]["allocated-by"]["pod"] == "p4", timeout=15)
     assert "wrote ConfigMap" in daemons.log(follower)
     assert "Traceback" not in daemons.log(leader) + daemons.log(follower)
 
 
-@pytest.fixture
-def strict(tmp_path: Path) -> Iterator[Daemons]:
+@pytest.fixture(params=LAYOUTS)
+def strict(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemons]:
     with KubeAPI.start(strict=True) as kube:
-        d = Daemons(kube, tmp_path)
+        d = Daemons(kube, tmp_path, request.param)
         try:
             yield d
         finally:
@@ -281,7 +291,7 @@ def test_exporter_keeps_the_last_good_topology(strict: Daemons) -> None:
     eventually(lambda: fb(url) == {"0": ("7g.40gb", 6)}, timeout=20)
     assert get(f"{url}/health") == (200, "ok\n")
     # Someone breaks the ConfigMap: metrics stay, health says why in one line.
-    kube.patch("configmaps", "topology", {"data": {"topology.yml": "nodes: ["}}, namespace=NS)
+    kube.patch("configmaps", strict.configmap, {"data": {"topology.yml": "nodes: ["}}, namespace=NS)
     _status, reason = eventually(lambda: (r := get(f"{url}/health"))[0] == 503 and r, timeout=10)
     assert "not valid YAML" in reason and len(reason.strip().splitlines()) == 1
     assert fb(url) == {"0": ("7g.40gb", 6)}
@@ -291,7 +301,7 @@ def test_pod_storm_gives_few_writes_and_a_conflict_is_reapplied(strict: Daemons)
     kube = strict.kube
     strict.updater()
     kube.create("nodes", node_object(FOUR_SMALL))
-    eventually(lambda: mig_devices(kube), timeout=20)
+    eventually(lambda: mig_devices(strict), timeout=20)
     time.sleep(0.5)
 
     def writes() -> int:
@@ -308,7 +318,7 @@ def test_pod_storm_gives_few_writes_and_a_conflict_is_reapplied(strict: Daemons)
                      "spec": {"nodeName": "cpu-node", "containers": [{"name": "web", "image": "nginx"}]},
                      "status": {"phase": "Running"}}  # fmt: skip
             kube.create("pods", other, namespace="web")
-    eventually(lambda: sum("status" in d for d in mig_devices(kube) or []) == 4, timeout=10)
+    eventually(lambda: sum("status" in d for d in mig_devices(strict) or []) == 4, timeout=10)
     time.sleep(1)
     assert writes() - before <= 8, (
         "a burst of pod events should coalesce into a few ConfigMap writes"
@@ -317,7 +327,7 @@ def test_pod_storm_gives_few_writes_and_a_conflict_is_reapplied(strict: Daemons)
     # The API answers 409 to the next write: the updater re-reads and applies again.
     kube.fail_next(1, status=409, method="PATCH", plural="configmaps")
     kube.delete("pods", "gpu-0", namespace="runai-p1")
-    at_zero = lambda: next(d for d in mig_devices(kube) or [] if d["position"] == 0)  # noqa: E731
+    at_zero = lambda: next(d for d in mig_devices(strict) or [] if d["position"] == 0)  # noqa: E731
     eventually(lambda: "status" not in at_zero(), timeout=10)
     assert any(e.fault == 409 for e in kube.journal())
 
@@ -325,7 +335,8 @@ def test_pod_storm_gives_few_writes_and_a_conflict_is_reapplied(strict: Daemons)
 def test_configmap_change_reaches_metrics_within_a_second(strict: Daemons) -> None:
     kube = strict.kube
     url = strict.exporter()
-    text = (SAMPLES / "topology" / "a100-40gb-active.yaml").read_text()
+    sample = "a100-40gb-active.yaml" if strict.layout == "single" else f"topology-{NODE}.yaml"
+    text = (SAMPLES / "topology" / sample).read_text()
     kube.create("configmaps", yaml.safe_load(text), namespace=NS)
     eventually(lambda: len(fb(url)) == 3, timeout=20)
     inner = yaml.safe_load(yaml.safe_load(text)["data"]["topology.yml"])
@@ -333,13 +344,16 @@ def test_configmap_change_reaches_metrics_within_a_second(strict: Daemons) -> No
         {"name": "7g.40gb", "position": 0, "gpu-instance-id": 0}
     ]
     kube.patch(
-        "configmaps", "topology", {"data": {"topology.yml": yaml.safe_dump(inner)}}, namespace=NS
+        "configmaps",
+        strict.configmap,
+        {"data": {"topology.yml": yaml.safe_dump(inner)}},
+        namespace=NS,
     )
     eventually(lambda: fb(url) == {"0": ("7g.40gb", 6)}, timeout=1.0)
     # Deleted: the last good series stay, health says the ConfigMap is gone.
-    kube.delete("configmaps", "topology", namespace=NS)
+    kube.delete("configmaps", strict.configmap, namespace=NS)
     _status, reason = eventually(lambda: (r := get(f"{url}/health"))[0] == 503 and r, timeout=5)
-    assert reason.startswith("ConfigMap gpu-operator/topology: not found")
+    assert reason.startswith(f"ConfigMap gpu-operator/{strict.configmap}: not found")
     assert fb(url) == {"0": ("7g.40gb", 6)}
 
 
@@ -347,7 +361,7 @@ def test_bad_pods_never_stop_writes_and_a_reapplied_seed_is_repaired(strict: Dae
     kube = strict.kube
     strict.updater("updater-0", "--resync", "1")
     kube.create("nodes", node_object(FOUR_SMALL))
-    eventually(lambda: mig_devices(kube), timeout=20)
+    eventually(lambda: mig_devices(strict), timeout=20)
     bad = mig_pod("bad-index", 0, 5)
     bad["metadata"]["annotations"]["runai-mig-device"] = bad["metadata"]["annotations"][
         "runai-mig-device"
@@ -357,7 +371,7 @@ def test_bad_pods_never_stop_writes_and_a_reapplied_seed_is_repaired(strict: Dae
     kube.create("pods", bad, namespace="runai-p1")
     kube.create("pods", huge, namespace="runai-p1")
     kube.create("pods", mig_pod("good", 4, 42), namespace="runai-p1")
-    by_position = lambda: {d["position"]: d for d in mig_devices(kube) or []}  # noqa: E731
+    by_position = lambda: {d["position"]: d for d in mig_devices(strict) or []}  # noqa: E731
     eventually(
         lambda: by_position()[4].get("status", {}).get("allocated-by", {}).get("pod") == "good",
         timeout=10,
@@ -374,11 +388,12 @@ def test_bad_pods_never_stop_writes_and_a_reapplied_seed_is_repaired(strict: Dae
         in log
     )
 
-    # `kubectl apply -k deploy/` again puts the empty seed back: the leader notices and rewrites.
+    # Someone else writes the ConfigMap (single: `kubectl apply -k deploy/` puts the empty seed
+    # back): the leader notices and rewrites it.
     seed = yaml.safe_load((ROOT / "deploy" / "topology-configmap.yaml").read_text())
-    kube.patch("configmaps", "topology", {"data": seed["data"]}, namespace=NS)
-    assert topology(kube)["nodes"] in ({}, None)
-    eventually(lambda: len(mig_devices(kube) or []) == 4, timeout=10)
+    kube.patch("configmaps", strict.configmap, {"data": seed["data"]}, namespace=NS)
+    assert topology(strict)["nodes"] in ({}, None)
+    eventually(lambda: len(mig_devices(strict) or []) == 4, timeout=10)
     assert "Traceback" not in strict.log("updater-0")
 
 

@@ -11,7 +11,8 @@ from conftest import SAMPLES
 from freezegun import freeze_time
 
 from exporter import dcgm
-from status_updater.reconcile import gpu_uuid, reconcile
+from status_updater.reconcile import gpu_uuid
+from status_updater.state import reconcile
 from topology.model import Topology
 
 REAL_NODE: dict[str, Any] = yaml.safe_load(

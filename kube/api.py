@@ -1,10 +1,13 @@
 """The edge to the Kubernetes API: client config, backoff, and a kopf-style list-then-watch loop.
 
+Both daemons use this module and nothing of each other.
+
 Objects travel as plain JSON dicts (what `kubectl get -o json` shows), the form reconcile reads.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -17,6 +20,7 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from topology import configmap as contract
 from topology.errors import one_line
 
 log = logging.getLogger(__name__)
@@ -24,6 +28,36 @@ Obj = dict[str, Any]
 REQUEST_TIMEOUT = (5.0, 30.0)  # connect, read: every call has one
 WATCH_TIMEOUT_S = 240  # the server ends the stream; a silent one is cut a little after
 TRANSIENT = (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)
+
+
+# --- where the topology lives: the settings both daemons read ------------------------------------
+
+
+def topology_namespace() -> str:
+    return os.environ.get("TOPOLOGY_CM_NAMESPACE") or contract.DEFAULT_NAMESPACE
+
+
+def topology_name() -> str:
+    """The single layout's ConfigMap."""
+    return os.environ.get("TOPOLOGY_CM_NAME") or contract.DEFAULT_NAME
+
+
+def _layout(text: str) -> str:
+    if text not in contract.LAYOUTS:
+        raise argparse.ArgumentTypeError(
+            f"expected {' or '.join(contract.LAYOUTS)}, got {text!r} (flag or TOPOLOGY_LAYOUT)"
+        )
+    return text
+
+
+def add_layout_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--layout",
+        type=_layout,  # argparse converts a string default too: a bad environment is an error
+        default=os.environ.get("TOPOLOGY_LAYOUT") or contract.DEFAULT_LAYOUT,
+        help="per-node: a ConfigMap topology-<node> per GPU node; single: one ConfigMap "
+        "TOPOLOGY_CM_NAME with every node (env TOPOLOGY_LAYOUT, default %(default)s)",
+    )
 
 
 class ConfigError(Exception):
@@ -154,7 +188,14 @@ def _watch_once(
     return version
 
 
-def _version(obj: Obj) -> str | None:
-    """The resourceVersion to resume from; kmock without resourceVersions says "..."."""
-    version = (obj.get("metadata") or {}).get("resourceVersion")
+def usable_version(version: object) -> str | None:
+    """A resourceVersion worth sending back (to resume a watch, or as a write precondition).
+
+    Plain kmock, which keeps no versions, answers every object with the placeholder "...": that
+    is no version at all, and the only place that knows it is here.
+    """
     return version if isinstance(version, str) and version not in ("", "...") else None
+
+
+def _version(obj: Obj) -> str | None:
+    return usable_version((obj.get("metadata") or {}).get("resourceVersion"))

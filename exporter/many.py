@@ -1,0 +1,159 @@
+"""`--all-nodes`: the series of many nodes from one process, for nodes without an exporter pod (KWOK).
+
+Each node's series are rendered on their own, with `Hostname` = the node name, and kept as
+per-family fragments; `/metrics` is their join (dcgm.join), so a change to one node re-renders
+only that node and then joins bytes. Nodes whose values move in time (whole GPUs in use) are
+re-rendered on each utilization step; the others only when their topology changes.
+
+Sources are named (a per-node ConfigMap, or the one document of a file or of the single layout);
+each holds the nodes it lists. A source that turns invalid keeps its nodes' last good series, and
+a node whose entry is invalid keeps its own; `/health` then says why, in one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from exporter import dcgm
+from exporter.server import Published, Snapshot
+from exporter.source import node_of
+from topology.errors import TopologyError
+from topology.model import NodeTopology, Topology
+
+log = logging.getLogger("exporter")
+
+
+class NodesExporter:
+    def __init__(
+        self,
+        options: dcgm.Options,
+        published: Published,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.options = options
+        self.published = published
+        self.clock = clock or (lambda: time.time())  # looked up per call: freezegun's is used
+        self.wake = threading.Event()
+        self._lock = threading.Lock()
+        self._nodes: dict[str, NodeTopology] = {}  # last good entry of every node seen
+        self._sources: dict[str, set[str]] = {}  # source -> the nodes it holds
+        self._selected: set[str] | None = None  # --node-selector's nodes; None: every node
+        self._dirty: set[str] = set()  # nodes to render again
+        self._parts: dict[str, dict[str, bytes]] = {}  # node -> its fragments, as served
+        self._moving: set[str] = set()  # nodes whose values move in time
+        self._step: int | None = None
+        self._problems: dict[str, str] = {"configmaps": "no topology yet"}  # source -> reason
+
+    # --- sources in (watch threads) --------------------------------------------------------------
+
+    def update(self, topology: Topology, obj: str) -> None:
+        """A whole document (a file, or the single layout's ConfigMap): every node in it."""
+        self.update_source(obj, topology, obj)
+        self.problem(None)
+
+    def update_source(self, source: str, topology: Topology, obj: str) -> None:
+        with self._lock:
+            before = self._sources.get(source, set())
+            self._sources[source] = set(topology.nodes)
+            self._problems.pop(source, None)
+            for name in before - set(topology.nodes):
+                self._forget(name)
+            for name in topology.nodes:
+                try:
+                    node = node_of(topology, name, obj)
+                except TopologyError as e:
+                    self._problems[source] = f"{e}; serving its last good series"
+                    log.warning("%s", self._problems[source])
+                    continue
+                if node is not None and self._nodes.get(name) != node:
+                    self._nodes[name] = node
+                    self._dirty.add(name)
+        self.wake.set()
+
+    def source_problem(self, source: str, reason: str) -> None:
+        with self._lock:
+            if self._problems.get(source) != reason:
+                log.warning("%s", reason)
+            self._problems[source] = reason
+        self.wake.set()
+
+    def remove_source(self, source: str) -> None:
+        with self._lock:
+            for name in self._sources.pop(source, set()):
+                self._forget(name)
+            self._problems.pop(source, None)
+        self.wake.set()
+
+    def keep_sources(self, sources: set[str]) -> None:
+        """After a fresh list: sources that are not in it are gone."""
+        for source in set(self._sources) - sources:
+            self.remove_source(source)
+
+    def select(self, names: set[str] | None) -> None:
+        with self._lock:
+            before = self._selected
+            self._selected = names
+            everyone = set(self._nodes)
+            self._dirty |= (before if before is not None else everyone) ^ (
+                names if names is not None else everyone
+            )
+            self._problems.pop("nodes", None)
+        self.wake.set()
+
+    def problem(self, reason: str | None, key: str = "configmaps") -> None:
+        """The API is unreachable (or fine again, with None): keep serving, report unhealthy."""
+        with self._lock:
+            if reason is None:
+                self._problems.pop(key, None)
+            else:
+                if self._problems.get(key) != reason:
+                    log.warning("%s", reason)
+                self._problems[key] = reason
+        self.wake.set()
+
+    def _forget(self, name: str) -> None:
+        # Still listed by another source (a node moved between documents): keep it.
+        if not any(name in nodes for nodes in self._sources.values()):
+            self._nodes.pop(name, None)
+            self._dirty.add(name)
+
+    # --- rendering (one thread) ------------------------------------------------------------------
+
+    def render(self) -> Snapshot:
+        """Render what changed (and what moves in time on a new step), join, and say if healthy."""
+        now = self.clock()
+        step = int(now // dcgm.UTILIZATION_STEP_S)
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+            if step != self._step:
+                dirty |= self._moving
+                self._step = step
+            todo = {
+                name: self._nodes.get(name)
+                if self._selected is None or name in self._selected
+                else None
+                for name in dirty
+            }
+            problems = sorted(self._problems.values())
+        for name, node in todo.items():
+            if node is None:
+                self._parts.pop(name, None)
+                self._moving.discard(name)
+                continue
+            self._parts[name] = dcgm.fragments(node, replace(self.options, hostname=name), now)
+            (self._moving.add if dcgm.moves_in_time(node) else self._moving.discard)(name)
+        body = dcgm.join(self._parts[name] for name in sorted(self._parts))
+        if not problems:
+            return Snapshot(body, True, "ok")
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        return Snapshot(body, False, problems[0] + more)
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.wake.clear()
+            self.published.publish(self.render())
+            self.wake.wait(dcgm.UTILIZATION_STEP_S)

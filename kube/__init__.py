@@ -1,0 +1,1 @@
+"""Kubernetes plumbing both daemons share: client config, backoff, list-then-watch."""

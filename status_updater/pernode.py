@@ -1,0 +1,318 @@
+"""The per-node layout: one `topology-<node>` ConfigMap per GPU node (topology/configmap.py).
+
+The writer watches the ConfigMaps it manages (label selector) and keeps, per ConfigMap, only its
+resourceVersion, a digest of its document, its owner's uid and its node label. Comparing what
+should be written with what is written then needs no API call, so a changed node costs one write,
+an unchanged node none, and a resync (or another writer's edit, seen by the watch) repairs only
+what differs. Node gone or no GPU node any more: its ConfigMap is deleted; the ownerReference to
+the Node lets the garbage collector do the same while the updater is down. ConfigMaps without the
+updater's labels are never updated or deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from kube.api import REQUEST_TIMEOUT, Obj, list_watch, usable_version
+from status_updater import reconcile as rc
+from status_updater.state import ClusterState, Unreadable
+from topology import configmap as contract
+from topology.model import NodeTopology, dump_yaml
+
+log = logging.getLogger(__name__)
+CONFIGMAP_LIMIT = 1024 * 1024  # bytes of data a ConfigMap may hold
+ATTEMPTS = 5
+
+
+def digest(text: object) -> str:
+    return hashlib.sha256(str(text).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one managed ConfigMap holds, as the watch (or the answer to our write) showed it."""
+
+    version: str | None
+    digest: str
+    owner: str | None  # uid of the Node in its ownerReferences
+    node_label: str | None
+
+
+def observe(cm: Mapping[str, Any]) -> tuple[str, Observed | None]:
+    """(name, what it holds); None when the ConfigMap is not one the updater manages."""
+    meta = cm.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    name = str(meta.get("name"))
+    if not contract.is_managed(labels):
+        return name, None
+    owners = [
+        o.get("uid")
+        for o in meta.get("ownerReferences") or []
+        if isinstance(o, Mapping) and o.get("kind") == "Node"
+    ]
+    data = cm.get("data") or {}
+    return name, Observed(
+        version=usable_version(meta.get("resourceVersion")),
+        digest=digest(data.get(contract.DATA_KEY)),
+        owner=owners[0] if owners else None,
+        node_label=labels.get(contract.LABEL_NODE_NAME),
+    )
+
+
+@dataclass(frozen=True)
+class _Desired:
+    result: NodeTopology
+    strategy: str | None
+    text: str
+    digest: str
+
+
+class PerNodeWriter:
+    def __init__(self, core: kubernetes.client.CoreV1Api, namespace: str) -> None:
+        self.core, self.namespace = core, namespace
+        self.what = f"topology ConfigMaps in {namespace}"
+        self.actual: dict[str, Observed] = {}  # ConfigMap name -> what it holds
+        self._events: queue.SimpleQueue[tuple[str, Obj | list[Obj]]] = queue.SimpleQueue()
+        self._listed = False
+        self._desired: dict[str, _Desired] = {}  # node -> its document, kept while unchanged
+        self._nodes: dict[str, str] = {}  # ConfigMap name -> node, for nodes with a result
+        self._check: set[str] = set()  # ConfigMaps whose content changed under us
+        self._relisted = False
+        self._wrote: list[str] = []
+        self._deleted: list[str] = []
+
+    # --- what is written, from the watch ------------------------------------------------------
+
+    def informers(self, stop: threading.Event, wake: Callable[[], None]) -> list[threading.Thread]:
+        def on_reset(items: list[Obj]) -> None:
+            self._events.put(("RESET", items))
+            wake()
+
+        def on_event(kind: str, cm: Obj) -> None:
+            self._events.put((kind, cm))
+            wake()
+
+        def list_call(**kw: Any) -> Any:
+            return self.core.list_namespaced_config_map(self.namespace, **kw)
+
+        watch = threading.Thread(
+            target=list_watch,
+            args=("configmaps", list_call, on_reset, on_event, stop),
+            kwargs={"label_selector": contract.MANAGED_SELECTOR},
+            name="configmaps",
+            daemon=True,
+        )
+        return [watch]
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                kind, payload = self._events.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "RESET":
+                # An API that ignores the label selector lists every ConfigMap: keep ours.
+                seen = (observe(cm) for cm in cast(list[Obj], payload))
+                self.actual = {name: o for name, o in seen if o is not None}
+                self._listed = self._relisted = True
+                continue
+            name, observed = observe(cast(Obj, payload))
+            if kind == "DELETED" or observed is None:
+                self.actual.pop(name, None)
+            elif self.actual.get(name) != observed:
+                self.actual[name] = observed
+            else:
+                continue
+            self._check.add(name)
+
+    def ready(self) -> bool:
+        self._drain()
+        return self._listed
+
+    def leading(self, leading: bool) -> None:
+        pass  # the watch keeps `actual` true whoever writes
+
+    # --- writing ---------------------------------------------------------------------------------
+
+    def sync(self, state: ClusterState, changed: set[str], full: bool) -> None:
+        self._drain()
+        full = full or self._relisted
+        self._relisted = False
+        if full:
+            nodes = set(state.results) | set(self._desired)
+            self._nodes = {contract.node_configmap_name(n): n for n in state.results}
+        else:
+            nodes = set(changed) | {self._nodes[c] for c in self._check if c in self._nodes}
+        orphans = (set(self.actual) if full else self._check) - set(self._nodes)
+        self._check = set()
+        try:
+            for node in sorted(nodes):
+                self._sync_node(state, node)
+            for name in sorted(orphans):
+                if name not in self._nodes and name in self.actual:
+                    self._delete(name)
+        finally:
+            self._report()
+
+    def _sync_node(self, state: ClusterState, node: str) -> None:
+        name = contract.node_configmap_name(node)
+        result = state.results.get(node)
+        if result is None:  # the node is gone, or no GPU node any more
+            self._desired.pop(node, None)
+            self._nodes.pop(name, None)
+            if name in self.actual:
+                self._delete(name)
+            return
+        self._nodes[name] = node
+        if isinstance(result, Unreadable):
+            return  # its ConfigMap keeps the last good document
+        desired = self._document(state, node, result)
+        uid = state.node_uid(node)
+        current = self.actual.get(name)
+        if self._holds(current, node, desired, uid):
+            return
+        if len(desired.text.encode()) > CONFIGMAP_LIMIT:
+            log.error(
+                "ConfigMap %s/%s: topology.yml of node %s is over the 1 MiB a ConfigMap holds; "
+                "not written",
+                self.namespace,
+                name,
+                node,
+            )
+            return
+        self._write(node, name, desired, uid, current)
+
+    def _document(self, state: ClusterState, node: str, result: NodeTopology) -> _Desired:
+        strategy = state.node_strategy(node)
+        cached = self._desired.get(node)
+        if cached is not None and cached.result is result and cached.strategy == strategy:
+            return cached
+        text = dump_yaml(rc.document(node, result, strategy))
+        desired = _Desired(result, strategy, text, digest(text))
+        self._desired[node] = desired
+        return desired
+
+    @staticmethod
+    def _holds(current: Observed | None, node: str, desired: _Desired, uid: str | None) -> bool:
+        return (
+            current is not None
+            and current.digest == desired.digest
+            and current.node_label == contract.node_label_value(node)
+            and (uid is None or current.owner == uid)
+        )
+
+    def _write(
+        self, node: str, name: str, desired: _Desired, uid: str | None, current: Observed | None
+    ) -> None:
+        """Create, or merge-patch with the resourceVersion it was seen at (never a PUT).
+
+        409 (it moved, or it exists after all) and 404 (it went) re-read it and try again.
+        """
+        body = contract.node_configmap(node, desired.text, self.namespace, uid)
+        known = current is not None
+        for _ in range(ATTEMPTS):
+            try:
+                if not known:
+                    response = self.core.create_namespaced_config_map(
+                        self.namespace,
+                        cast(Any, body),
+                        _preload_content=False,
+                        _request_timeout=REQUEST_TIMEOUT,
+                    )
+                else:
+                    meta = {
+                        k: v for k, v in body["metadata"].items() if k not in ("name", "namespace")
+                    }
+                    if current is not None and current.version:
+                        meta["resourceVersion"] = current.version  # 409 if it moved since
+                    response = self.core.patch_namespaced_config_map(
+                        name,
+                        self.namespace,
+                        {"metadata": meta, "data": body["data"]},
+                        _preload_content=False,
+                        _request_timeout=REQUEST_TIMEOUT,
+                    )
+            except ApiException as e:
+                if e.status not in (404, 409):
+                    raise
+                known, current = self._read(name)
+                if known and current is None:
+                    log.error(
+                        "ConfigMap %s/%s exists and was not created by the updater: not touched",
+                        self.namespace,
+                        name,
+                    )
+                    return
+                if self._holds(current, node, desired, uid):
+                    return
+                continue
+            self._seen(json.loads(cast(Any, response).data))
+            self._wrote.append(name)
+            return
+        raise ApiException(
+            status=409, reason=f"conflict on {name} persisted after {ATTEMPTS} attempts"
+        )
+
+    def _read(self, name: str) -> tuple[bool, Observed | None]:
+        """Whether it exists, and what it holds (None also when it is not ours)."""
+        try:
+            response = self.core.read_namespaced_config_map(
+                name, self.namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as e:
+            if e.status == 404:
+                self.actual.pop(name, None)
+                return False, None
+            raise
+        return True, self._seen(json.loads(cast(Any, response).data))
+
+    def _seen(self, cm: Obj) -> Observed | None:
+        name, observed = observe(cm)
+        if observed is None:
+            self.actual.pop(name, None)
+        else:
+            self.actual[name] = observed
+        return observed
+
+    def _delete(self, name: str) -> None:
+        current = self.actual.get(name)
+        options: dict[str, Any] = {}
+        if current is not None and current.version:
+            options["preconditions"] = {"resourceVersion": current.version}
+        try:
+            self.core.delete_namespaced_config_map(
+                name, self.namespace, body=cast(Any, options), _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as e:
+            if e.status == 409:
+                self._check.add(name)  # it changed since it was seen: judge it again
+                return
+            if e.status != 404:
+                raise
+        self.actual.pop(name, None)
+        self._deleted.append(name)
+
+    def _report(self) -> None:
+        for verb, names in (("wrote", self._wrote), ("deleted", self._deleted)):
+            if names:
+                shown = ", ".join(names[:5]) + (
+                    f" and {len(names) - 5} more" if len(names) > 5 else ""
+                )
+                log.info(
+                    "%s ConfigMap%s %s in %s",
+                    verb,
+                    "s" if len(names) > 1 else "",
+                    shown,
+                    self.namespace,
+                )
+                names.clear()

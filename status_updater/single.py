@@ -1,0 +1,121 @@
+"""The single layout: one `topology` ConfigMap with every node (the original design).
+
+Fine for small clusters: a ConfigMap holds 1 MiB, about 74 fully allocated 8-GPU nodes. Every
+change rewrites the whole document, which each exporter then reads whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, cast
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from kube.api import REQUEST_TIMEOUT, usable_version
+from status_updater.state import ClusterState
+from topology import configmap as contract
+from topology.errors import TopologyError
+from topology.model import Topology, dump_yaml, load_yaml
+
+log = logging.getLogger(__name__)
+CONFIGMAP_LIMIT = 1024 * 1024  # bytes of data a ConfigMap may hold
+Read = tuple[bool, Topology | None, str | None]  # exists, its topology (None: invalid), version
+
+
+class TooLarge(Exception):
+    """The topology does not fit one ConfigMap."""
+
+
+class SingleWriter:
+    def __init__(self, core: kubernetes.client.CoreV1Api, name: str, namespace: str) -> None:
+        self.core, self.name, self.namespace = core, name, namespace
+        self.what = f"ConfigMap {namespace}/{name}"
+        self.written: Topology | None = None  # what the ConfigMap holds, as far as we know
+
+    def informers(self, stop: threading.Event, wake: Callable[[], None]) -> list[threading.Thread]:
+        return []
+
+    def ready(self) -> bool:
+        return True
+
+    def leading(self, leading: bool) -> None:
+        self.written = None  # the old leader may have written since: re-read before trusting
+
+    def sync(self, state: ClusterState, changed: set[str], full: bool) -> None:
+        try:
+            read = None
+            if self.written is None:
+                # What the ConfigMap holds: a node that cannot be read keeps its entry from it.
+                read = self.read_current()
+                self.written = read[1] or Topology()
+            topology = state.topology(previous=self.written)
+            if topology != self.written or full:
+                # Compares with the ConfigMap first (reusing that read), writes only if it differs.
+                self.write(topology, read)
+        except TooLarge as e:
+            log.error("%s", e)  # retried when the next change comes, not in a loop
+        except Exception:
+            self.written = None
+            raise
+
+    def read_current(self) -> Read:
+        try:
+            cm = self.core.read_namespaced_config_map(
+                self.name, self.namespace, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return False, None, None
+            raise
+        version = usable_version(cm.metadata.resource_version if cm.metadata else None)
+        text = (cm.data or {}).get(contract.DATA_KEY)
+        try:
+            return True, (load_yaml(text) if text else None), version
+        except TopologyError as e:
+            log.warning("%s holds an invalid topology, replacing it: %s", self.what, e)
+            return True, None, version
+
+    def write(self, topology: Topology, read: Read | None = None) -> None:
+        """Create or patch (never PUT) the ConfigMap; a 409 re-reads and applies again.
+
+        `read` is a `read_current()` the caller has just made, used for the first attempt.
+        """
+        text = dump_yaml(topology)
+        size = len(text.encode())
+        if size > CONFIGMAP_LIMIT:
+            # The API server would refuse it (and keep refusing): say why, keep the last write.
+            raise TooLarge(
+                f"{self.what}: topology.yml for {len(topology.nodes)} nodes is "
+                f"{size / 2**20:.1f} MiB, over the 1 MiB a ConfigMap holds; not written; "
+                "use --layout per-node"
+            )
+        for _ in range(5):
+            exists, current, version = read or self.read_current()
+            read = None
+            if current == topology:
+                self.written = topology
+                return
+            try:
+                if not exists:
+                    body = contract.configmap(text, self.name, self.namespace)
+                    self.core.create_namespaced_config_map(
+                        self.namespace, cast(Any, body), _request_timeout=REQUEST_TIMEOUT
+                    )
+                else:
+                    patch: dict[str, Any] = {"data": {contract.DATA_KEY: text}}
+                    if version:  # the API answers 409 if the ConfigMap moved since it was read
+                        patch["metadata"] = {"resourceVersion": version}
+                    self.core.patch_namespaced_config_map(
+                        self.name, self.namespace, patch, _request_timeout=REQUEST_TIMEOUT
+                    )
+            except ApiException as e:
+                if e.status == 409:
+                    continue  # someone wrote in between (or created it): read again, apply again
+                raise
+            self.written = topology
+            log.info("wrote %s (%d nodes)", self.what, len(topology.nodes))
+            return
+        raise ApiException(status=409, reason="conflict persisted after 5 attempts")

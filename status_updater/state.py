@@ -1,0 +1,264 @@
+"""The cluster as reconcile sees it, kept incrementally: an event costs O(its node), not O(cluster).
+
+Objects go in as they come (informer events, or every object of `render`'s files); `settle()`
+recomputes only the nodes they touched and says which nodes' results changed. A node's result is
+a pure function of its Node and its Pods (`reconcile.build_node` and `reconcile.allocate`), plus
+one cluster-wide rule kept in an index: a GPU or MIG id belongs to one node. Where two nodes claim
+one id, the node whose name sorts first keeps it and the other is a bad node, so the outcome does
+not depend on the order events arrived in.
+
+Pure: no I/O, no threads. The controller calls it from one thread.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from status_updater import reconcile as rc
+from topology.errors import TopologyError
+from topology.model import NodeTopology, Topology
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A GPU node whose objects cannot be turned into a topology: it keeps what it had."""
+
+    reason: TopologyError
+
+
+NodeResult = NodeTopology | Unreadable
+
+
+def _ids(node: NodeTopology) -> Iterator[tuple[str, str]]:
+    """(field, id) of every GPU and named MIG device of a node."""
+    for gi, gpu in enumerate(node.gpus):
+        yield f"gpus[{gi}].id", gpu.id
+        for di, dev in enumerate(gpu.mig_devices or ()):
+            if dev.id is not None:
+                yield f"gpus[{gi}].mig-devices[{di}].id", dev.id
+
+
+class ClusterState:
+    def __init__(self) -> None:
+        self.nodes: dict[str, rc.Obj] = {}  # GPU nodes, slimmed
+        self._built: dict[str, NodeTopology | TopologyError] = {}  # devices, before pods
+        self.pods: dict[str, dict[str, rc.Obj]] = {}  # node name -> pod key -> slimmed pod
+        self._pod_node: dict[str, str] = {}  # pod key -> node name
+        self._computed: dict[str, NodeResult] = {}  # before the cluster-wide id rule
+        self.results: dict[str, NodeResult] = {}  # what each GPU node's entry should be
+        self.warnings: dict[str, list[TopologyError]] = {}  # per node, from its last compute
+        self._claims: dict[str, set[str]] = {}  # id -> nodes whose devices carry it
+        self._node_ids: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._strategies: Counter[str | None] = Counter()
+        self._rebuild: set[str] = set()  # Node changed: devices and allocations
+        self._stale: set[str] = set()  # Pods changed: allocations
+
+    # --- objects in ----------------------------------------------------------------------------
+
+    def set_node(self, node: rc.Obj) -> None:
+        name = rc.node_name(node)
+        if not rc.is_gpu_node(node):
+            self.delete_node(name)
+            return
+        slim = rc.slim_node(node)
+        old = self.nodes.get(name)
+        if old == slim:
+            return  # a heartbeat or status update: nothing reconcile reads
+        if old is not None:
+            self._strategies[rc.node_strategy(old)] -= 1
+        self._strategies[rc.node_strategy(slim)] += 1
+        self.nodes[name] = slim
+        self._rebuild.add(name)
+
+    def delete_node(self, name: str) -> None:
+        old = self.nodes.pop(name, None)
+        if old is not None:
+            self._strategies[rc.node_strategy(old)] -= 1
+            self._built.pop(name, None)
+            self._rebuild.add(name)
+
+    def set_pod(self, pod: rc.Obj) -> None:
+        key = rc.pod_key(pod)
+        if not rc.may_hold_gpu(pod):
+            self.delete_pod(key)
+            return
+        slim = rc.slim_pod(pod)
+        target = str(rc.pod_node(slim))
+        before = self._pod_node.get(key)
+        if before == target and self.pods[target].get(key) == slim:
+            return
+        if before is not None and before != target:
+            self.delete_pod(key)
+        self.pods.setdefault(target, {})[key] = slim
+        self._pod_node[key] = target
+        self._stale.add(target)
+
+    def delete_pod(self, key: str) -> None:
+        node = self._pod_node.pop(key, None)
+        if node is None:
+            return
+        on_node = self.pods[node]
+        del on_node[key]
+        if not on_node:
+            del self.pods[node]
+        self._stale.add(node)
+
+    def reset_nodes(self, nodes: Iterable[rc.Obj]) -> None:
+        """The full list (first sync, or after 410 Gone): only real differences cost anything."""
+        seen = set()
+        for node in nodes:
+            seen.add(rc.node_name(node))
+            self.set_node(node)
+        for name in set(self.nodes) - seen:
+            self.delete_node(name)
+
+    def reset_pods(self, pods: Iterable[rc.Obj]) -> None:
+        seen = set()
+        for pod in pods:
+            seen.add(rc.pod_key(pod))
+            self.set_pod(pod)
+        for key in set(self._pod_node) - seen:
+            self.delete_pod(key)
+
+    # --- results out ---------------------------------------------------------------------------
+
+    def settle(self) -> set[str]:
+        """Recompute what changed since the last call; the names of nodes whose result changed
+        (a node that is gone, or is no GPU node any more, is among them and has no result)."""
+        recheck: set[str] = set()
+        rebuilt = set(self._rebuild)  # a Node change counts even if its devices stay the same
+        touched = rebuilt | self._stale
+        for name in rebuilt:
+            if name in self.nodes:
+                try:
+                    self._built[name] = rc.build_node(self.nodes[name])
+                except TopologyError as e:
+                    self._built[name] = e
+                except Exception as e:  # the last guard: one odd object never stops the rest
+                    self._built[name] = TopologyError(
+                        f"node {name}", "?", f"cannot be read: {type(e).__name__}: {e}"
+                    )
+        for name in touched:
+            recheck |= self._compute(name)
+        self._rebuild.clear()
+        self._stale.clear()
+        changed = rebuilt & set(self.nodes)
+        for name in touched | recheck:
+            result = self._judge(name)
+            if self.results.get(name) != result:
+                changed.add(name)
+                if result is None:
+                    del self.results[name]
+                else:
+                    self.results[name] = result
+        return changed
+
+    def _compute(self, name: str) -> set[str]:
+        """Recompute one node; returns the other nodes whose id claims it may have changed."""
+        built = self._built.get(name)
+        warnings: list[TopologyError] = []
+        result: NodeResult | None
+        if built is None:
+            result = None  # no such GPU node (yet): its pods wait for it
+        elif isinstance(built, TopologyError):
+            result = Unreadable(built)
+            warnings.append(built)
+        else:
+            result = rc.allocate(name, built, self.pods.get(name, {}).values(), warnings)
+        self.warnings[name] = warnings
+        if result is None:
+            self._computed.pop(name, None)
+            self.warnings.pop(name)
+        else:
+            self._computed[name] = result
+        ids = tuple(_ids(result)) if isinstance(result, NodeTopology) else ()
+        old = self._node_ids.get(name, ())
+        if ids == old:
+            return set()
+        self._node_ids[name] = ids
+        affected: set[str] = set()
+        for _, uid in old:
+            claimants = self._claims.get(uid, set())
+            claimants.discard(name)
+            affected |= claimants
+            if not claimants:
+                self._claims.pop(uid, None)
+        for _, uid in ids:
+            claimants = self._claims.setdefault(uid, set())
+            affected |= claimants
+            claimants.add(name)
+        if not ids:
+            del self._node_ids[name]
+        return affected
+
+    def _judge(self, name: str) -> NodeResult | None:
+        computed = self._computed.get(name)
+        if not isinstance(computed, NodeTopology):
+            return computed
+        for field, uid in self._node_ids.get(name, ()):
+            first = min(self._claims[uid])
+            if first != name:
+                return Unreadable(
+                    TopologyError(f"node {name}", field, f"duplicate id {uid} (also node {first})")
+                )
+        return computed
+
+    def strategy(self) -> str:
+        """The MIG strategy the GPU nodes are labelled with (the most common; `none` unlabelled)."""
+        counts = [(n, s) for s, n in self._strategies.items() if s is not None and n > 0]
+        if not counts:
+            return "none"
+        return min(counts, key=lambda ns: (-ns[0], ns[1]))[1] or "none"
+
+    def node_strategy(self, name: str) -> str | None:
+        node = self.nodes.get(name)
+        return rc.node_strategy(node) if node is not None else None
+
+    def node_uid(self, name: str) -> str | None:
+        node = self.nodes.get(name)
+        return rc.node_uid(node) if node is not None else None
+
+    def node_warnings(self, name: str) -> list[TopologyError]:
+        """The node's own problems and its pods', then the cluster-wide id rule's verdict."""
+        found = list(self.warnings.get(name, ()))
+        result = self.results.get(name)
+        if isinstance(result, Unreadable) and result.reason not in found:
+            found.append(result.reason)
+        return found
+
+    def topology(self, previous: Topology | None = None) -> Topology:
+        """The whole cluster as one document (the single layout).
+
+        An unreadable node keeps its entry from `previous` (the last written topology) or is left
+        out (offline render), never taking other nodes with it.
+        """
+        nodes: dict[str, NodeTopology] = {}
+        for name in sorted(self.results):
+            result = self.results[name]
+            if isinstance(result, NodeTopology):
+                nodes[name] = result
+            elif previous is not None and name in previous.nodes:
+                nodes[name] = previous.nodes[name]
+        return Topology(mig_strategy=self.strategy(), nodes=nodes)
+
+    def all_warnings(self) -> list[TopologyError]:
+        return [w for name in sorted(self.results) for w in self.node_warnings(name)]
+
+    @classmethod
+    def of(cls, nodes: Iterable[rc.Obj], pods: Iterable[rc.Obj]) -> ClusterState:
+        """The settled state of these objects (what `render` and the tests start from)."""
+        state = cls()
+        state.reset_nodes(nodes)
+        state.reset_pods(pods)
+        state.settle()
+        return state
+
+
+def reconcile(
+    nodes: Iterable[rc.Obj], pods: Iterable[rc.Obj], previous: Topology | None = None
+) -> tuple[Topology, list[TopologyError]]:
+    """The whole cluster's topology for these objects, and the problems found on the way."""
+    state = ClusterState.of(nodes, pods)
+    return state.topology(previous), state.all_warnings()

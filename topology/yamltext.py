@@ -1,0 +1,94 @@
+"""Block-style YAML text for plain data trees (mappings, lists, str, int, bool, None).
+
+PyYAML's representer is pure Python even with libyaml: one fully allocated 8-GPU node took 4.5 ms
+to dump, more than the updater's whole per-event budget (bench/scale.py). The topology is a plain
+tree, so this writes it directly, in the layout PyYAML's block style uses, and lets PyYAML's own
+resolver decide which strings may stay unquoted. `tests/test_yamltext.py` proves that PyYAML loads
+back exactly the tree that went in, for generated trees.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+import yaml.resolver
+
+_RESOLVER = yaml.resolver.Resolver()
+_STR_TAG = "tag:yaml.org,2002:str"
+# Characters a plain scalar may hold anywhere in it: no indicator, blank or comment character.
+_PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*")
+_PRINTABLE_ASCII = re.compile(r"[ -~]*")
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r", "\0": "\\0"}
+
+
+@lru_cache(maxsize=8192)
+def _string(value: str) -> str:
+    implicit = _RESOLVER.resolve(yaml.ScalarNode, value, (True, False))  # type: ignore[no-untyped-call]
+    if _PLAIN.fullmatch(value) and implicit == _STR_TAG:
+        return value
+    if _PRINTABLE_ASCII.fullmatch(value):
+        return "'" + value.replace("'", "''") + "'"
+    return '"' + "".join(_escape(c) for c in value) + '"'
+
+
+def _escape(c: str) -> str:
+    if c in _ESCAPES:
+        return _ESCAPES[c]
+    code = ord(c)
+    if 0x20 <= code < 0x7F:
+        return c
+    if code <= 0xFF:
+        return f"\\x{code:02X}"
+    return f"\\u{code:04X}" if code <= 0xFFFF else f"\\U{code:08X}"
+
+
+def _scalar(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return _string(value)
+    if isinstance(value, Mapping):  # only empty ones reach here
+        return "{}"
+    if isinstance(value, list | tuple):
+        return "[]"
+    raise TypeError(f"cannot write {type(value).__name__} as YAML")
+
+
+def _nested(value: object) -> bool:
+    return isinstance(value, Mapping | list | tuple) and len(value) > 0
+
+
+def _block(value: Any, indent: str, out: list[str]) -> None:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            head = f"{indent}{_scalar(key)}:"
+            if not _nested(item):
+                out.append(f"{head} {_scalar(item)}")
+                continue
+            out.append(head)
+            # A list under a key starts at the key's column, as PyYAML writes it.
+            _block(item, indent if isinstance(item, list | tuple) else indent + "  ", out)
+        return
+    for item in value:
+        if not _nested(item):
+            out.append(f"{indent}- {_scalar(item)}")
+            continue
+        start = len(out)
+        _block(item, indent + "  ", out)
+        out[start] = f"{indent}- {out[start][len(indent) + 2 :]}"
+
+
+def dump(data: object) -> str:
+    """`data` as a block-style YAML document."""
+    if not _nested(data):
+        return _scalar(data) + "\n"
+    out: list[str] = []
+    _block(data, "", out)
+    return "\n".join(out) + "\n"
