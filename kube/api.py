@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 REQUEST_TIMEOUT = (5.0, 30.0)  # connect, read: every call has one
 WATCH_TIMEOUT_S = 240  # the server ends the stream; a silent one is cut a little after
+LIST_PAGE = (
+    500  # objects per list page, as client-go's pager: a big list never sits whole in memory
+)
 TRANSIENT = (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)
 
 
@@ -100,18 +103,49 @@ def describe(e: BaseException) -> str:
     return " ".join(f"{type(e).__name__}: {e}".split())[:300]
 
 
+def _identity(obj: Obj) -> Any:
+    return obj
+
+
+def list_all(
+    list_call: Callable[..., Any],
+    selectors: Mapping[str, str],
+    transform: Callable[[Obj], Any] = _identity,
+) -> tuple[list[Any], str | None]:
+    """Every object, a page at a time, each passed through `transform` as its page arrives;
+    and the resourceVersion of the list. An expired continue token raises 410 (list again)."""
+    items: list[Any] = []
+    token: str | None = None
+    while True:
+        extra: dict[str, Any] = {"_continue": token} if token else {}
+        response = list_call(
+            **selectors,
+            **extra,
+            limit=LIST_PAGE,
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        body = json.loads(response.data)
+        items += [transform(i) for i in body.get("items") or [] if isinstance(i, dict)]
+        token = (body.get("metadata") or {}).get("continue") or None
+        if token is None:
+            return items, _version(body)
+
+
 def list_watch(
     what: str,
     list_call: Callable[..., Any],
-    on_reset: Callable[[list[Obj]], None],
+    on_reset: Callable[[list[Any]], None],
     on_event: Callable[[str, Obj], None],
     stop: threading.Event,
     *,
     on_error: Callable[[str], None] | None = None,
     watch_timeout_s: int = WATCH_TIMEOUT_S,
+    transform: Callable[[Obj], Any] = _identity,
     **selectors: str,
 ) -> None:
-    """List, then watch from the list's resourceVersion, until `stop`.
+    """List (in pages, each object through `transform`), then watch from the list's
+    resourceVersion, until `stop`.
 
     410 Gone lists again; errors back off with jitter; a stream silent for longer than the server
     was asked to keep it open is cut by the read timeout and started again.
@@ -119,12 +153,8 @@ def list_watch(
     backoff = Backoff()
     while not stop.is_set():
         try:
-            response = list_call(
-                **selectors, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
-            )
-            body = json.loads(response.data)
-            on_reset([i for i in body.get("items") or [] if isinstance(i, dict)])
-            version = _version(body)
+            items, version = list_all(list_call, selectors, transform)
+            on_reset(items)
             backoff.reset()
             while not stop.is_set():
                 version = _watch_once(

@@ -65,8 +65,7 @@ class Controller:
     # --- informer callbacks (informer threads) ------------------------------------------------
 
     def _reset(self, what: str, items: list[Obj]) -> None:
-        slim = rc.slim_node if what == "nodes" else rc.slim_pod
-        self.events.put((what, "RESET", [slim(o) for o in items]))
+        self.events.put((what, "RESET", items))  # slimmed page by page as they were listed
         self.dirty.set()
 
     def _event(self, what: str, kind: str, obj: Obj) -> None:
@@ -76,8 +75,8 @@ class Controller:
 
     def informers(self, stop: threading.Event) -> list[threading.Thread]:
         sources = (
-            ("nodes", self.core.list_node),
-            ("pods", self.core.list_pod_for_all_namespaces),
+            ("nodes", self.core.list_node, rc.slim_node),
+            ("pods", self.core.list_pod_for_all_namespaces, rc.slim_pod),
         )
         threads = [
             threading.Thread(
@@ -91,8 +90,9 @@ class Controller:
                     lambda kind, o, w=what: self._event(w, kind, o),
                     stop,
                 ),
+                kwargs={"transform": slim},
             )
-            for what, list_call in sources
+            for what, list_call, slim in sources
         ]
         return threads + self.writer.informers(stop, self.dirty.set)
 

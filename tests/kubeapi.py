@@ -192,6 +192,9 @@ def _field(obj: Obj, path: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+RECENT_REQUESTS = 8
+
+
 @dataclasses.dataclass
 class Fault:
     """Fail the next ``remaining`` requests that match, with ``status``."""
@@ -329,6 +332,12 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
     # ---- request handling -------------------------------------------------------------------
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        # kmock records every request and matches each new one against its reactions by scanning
+        # that record (`request in payload._source`): O(requests so far) per request, 50-100 ms
+        # each after a few hundred writes. Its record keeps the recent ones only; `journal` keeps
+        # every request for the tests.
+        if len(self._requests) > 2 * RECENT_REQUESTS:
+            del self._requests[:-RECENT_REQUESTS]
         fault = next((f for f in self.faults if f.remaining > 0 and f.matches(request)), None)
         self.journal.append(
             JournalEntry(
@@ -516,18 +525,37 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
             raise kmock.KubernetesResourceNotFoundError()
         matches = self._matcher(request)
         kind = _kind_of(request.resource)
+        # Pages: `limit`, and an opaque `continue` token ("<resourceVersion>:<offset>"). Every page
+        # says the first page's resourceVersion, so a watch from it replays what changed while
+        # paging. A token from before a compaction has expired: 410, as on the apiserver.
+        limit = int(request.params.get("limit") or 0)
+        token = request.params.get("continue") or ""
+        listed, _, offset = token.partition(":")
         async with self._lock:
+            if token and (not listed.isdigit() or not offset.isdigit()):
+                raise _bad_request(f"invalid continue token: {token!r}")
+            if token and int(listed) < self._compacted_rv:
+                raise kmock.KubernetesError(
+                    status=410,
+                    reason="Expired",
+                    message="the provided continue parameter is too old",
+                )
             items = [
                 copy.deepcopy(obj.raw)
-                for key, obj in self.objects.items()
+                for key, obj in sorted(self.objects.items(), key=lambda kv: str(kv[0]))
                 if not obj.deleted and matches(key, obj.raw)
             ]
-            rv = str(self.resource_version)
+            rv = listed if token else str(self.resource_version)
+        start = int(offset) if token else 0
+        end = start + limit if limit > 0 else len(items)
+        meta: Obj = {"resourceVersion": rv}
+        if end < len(items):
+            meta["continue"] = f"{rv}:{end}"
         return {
             "kind": f"{kind.kind}List",
             "apiVersion": kind.api_version,
-            "metadata": {"resourceVersion": rv},
-            "items": items,
+            "metadata": meta,
+            "items": items[start:end],
         }
 
     async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
@@ -744,7 +772,8 @@ class KubeAPI:
         return future.result(timeout)
 
     def requests(self) -> list[kmock.Request]:
-        """All requests served so far (kmock's own record), oldest first."""
+        """Requests served so far (kmock's own record, the recent ones with the strict
+        emulator: see ``journal`` for all), oldest first."""
         return self.call(list)
 
     # ---- objects over HTTP (so that the strict emulator versions them) -----------------------

@@ -363,3 +363,26 @@ def test_plain_kmock_is_usable_and_lenient() -> None:
             core.list_node, resource_version="999", label_selector="x=y", _request_timeout=5
         )
         assert collect(stream, 1) == [("ADDED", "n1")]
+
+
+def test_lists_come_in_pages_and_the_daemons_read_them_all(
+    kube: KubeAPI, core: client.CoreV1Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kube import api as kube_api
+
+    for i in range(7):
+        kube.create("nodes", node(f"n{i}"))
+    first = core.list_node(limit=3)
+    assert len(first.items) == 3 and first.metadata._continue
+    monkeypatch.setattr(kube_api, "LIST_PAGE", 3)
+    names, version = kube_api.list_all(core.list_node, {}, lambda n: n["metadata"]["name"])
+    assert names == [f"n{i}" for i in range(7)]
+    assert version == first.metadata.resource_version
+    requests = [e for e in kube.journal() if e.path == "/api/v1/nodes"]
+    assert [e.params.get("limit") for e in requests[-3:]] == ["3", "3", "3"]
+    # A token from before a compaction has expired: the daemons list again on 410.
+    kube.create("nodes", node("n7"))
+    kube.compact()
+    with pytest.raises(ApiException) as e:
+        core.list_node(limit=3, _continue=first.metadata._continue)
+    assert e.value.status == 410
