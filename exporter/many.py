@@ -25,6 +25,7 @@ from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
 
 log = logging.getLogger("exporter")
+_START = "start"
 
 
 class NodesExporter:
@@ -46,7 +47,7 @@ class NodesExporter:
         self._parts: dict[str, dict[str, bytes]] = {}  # node -> its fragments, as served
         self._moving: set[str] = set()  # nodes whose values move in time
         self._step: int | None = None
-        self._problems: dict[str, str] = {"configmaps": "no topology yet"}  # source -> reason
+        self._problems: dict[str, str] = {_START: "no topology yet"}  # source -> reason
 
     # --- sources in (watch threads) --------------------------------------------------------------
 
@@ -60,6 +61,7 @@ class NodesExporter:
             before = self._sources.get(source, set())
             self._sources[source] = set(topology.nodes)
             self._problems.pop(source, None)
+            self._problems.pop(_START, None)
             for name in before - set(topology.nodes):
                 self._forget(name)
             for name in topology.nodes:
@@ -109,6 +111,7 @@ class NodesExporter:
         with self._lock:
             if reason is None:
                 self._problems.pop(key, None)
+                self._problems.pop(_START, None)  # listed: an empty namespace is a good state
             else:
                 if self._problems.get(key) != reason:
                     log.warning("%s", reason)

@@ -38,6 +38,9 @@ class Writer(Protocol):
     def ready(self) -> bool:
         """Whether the writer knows enough of the cluster to write."""
 
+    def has_work(self) -> bool:
+        """Whether the writer saw something of its own to repair (its ConfigMaps changed)."""
+
     def sync(self, state: ClusterState, changed: set[str], full: bool) -> None:
         """Write what `changed` nodes need; `full`: compare everything and repair what differs."""
 
@@ -157,7 +160,9 @@ class Controller:
                 continue
             if time.monotonic() - last_full > self.resync_s:
                 self._full = True  # someone else may have written (a re-applied seed): check
-            if not (self._pending or self._full) or not self.writer.ready():
+            if not self.writer.ready():
+                continue
+            if not (self._pending or self._full or self.writer.has_work()):
                 continue
             try:
                 self.writer.sync(self.state, self._pending, self._full)

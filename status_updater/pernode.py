@@ -139,6 +139,9 @@ class PerNodeWriter:
         self._drain()
         return self._listed
 
+    def has_work(self) -> bool:
+        return bool(self._check or self._relisted)
+
     def leading(self, leading: bool) -> None:
         pass  # the watch keeps `actual` true whoever writes
 

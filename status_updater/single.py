@@ -41,6 +41,9 @@ class SingleWriter:
     def ready(self) -> bool:
         return True
 
+    def has_work(self) -> bool:
+        return False  # it does not watch its ConfigMap: the resync compares it
+
     def leading(self, leading: bool) -> None:
         self.written = None  # the old leader may have written since: re-read before trusting
 

@@ -415,3 +415,37 @@ def test_daemons_report_unusable_config_in_one_line(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "exporter", "--port", "70000"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=30)  # fmt: skip
     assert result.returncode == 2 and "expected a port 0-65535, got '70000'" in result.stderr
+
+
+def test_per_node_configmaps_follow_their_nodes_and_others_are_left_alone(tmp_path: Path) -> None:
+    with KubeAPI.start(strict=True) as kube:
+        d = Daemons(kube, tmp_path, "per-node")
+        try:
+            other = dict(
+                node_object(FOUR_SMALL),
+                metadata={**node_object(FOUR_SMALL)["metadata"], "name": "other"},
+            )
+            kube.create("nodes", node_object(FOUR_SMALL))
+            kube.create("nodes", other)
+            # Someone else's ConfigMap already has the name the updater would give "other".
+            foreign = kube.create("configmaps", {"metadata": {"name": "topology-other"},
+                                                 "data": {"topology.yml": "mine: true\n"}}, namespace=NS)  # fmt: skip
+            d.updater()
+            eventually(lambda: mig_devices(d), timeout=20)
+            eventually(
+                lambda: "exists and was not created by the updater" in d.log("updater-0"),
+                timeout=10,
+            )
+            assert kube.get("configmaps", "topology-other", NS) == foreign
+
+            # Deleted by hand: written again.
+            kube.delete("configmaps", d.configmap, namespace=NS)
+            eventually(lambda: mig_devices(d), timeout=10)
+
+            # No GPU node any more (its GPU label removed): its ConfigMap goes.
+            kube.patch("nodes", NODE, {"metadata": {"labels": {"nvidia.com/gpu.product": None}}})
+            eventually(lambda: kube.find("configmaps", d.configmap, NS) is None, timeout=10)
+            assert kube.get("configmaps", "topology-other", NS) == foreign
+            assert "Traceback" not in d.log("updater-0")
+        finally:
+            d.stop()

@@ -12,6 +12,16 @@ class TopologyError(ValueError):
         self.field = field
         self.message = message
 
+    # A value, not an event: the same problem found twice is the same problem (so a node that
+    # stays bad is not a change).
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TopologyError):
+            return NotImplemented
+        return (self.obj, self.field, self.message) == (other.obj, other.field, other.message)
+
+    def __hash__(self) -> int:
+        return hash((self.obj, self.field, self.message))
+
 
 def one_line(e: BaseException) -> str:
     """A library's message (YAML errors span lines) folded onto one line."""

@@ -1,0 +1,144 @@
+"""`--all-nodes`: many nodes in one body, each re-rendered only when it changes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from freezegun import freeze_time
+from promtext import parse
+from test_exporter import MIG, whole_gpu
+
+from exporter import dcgm
+from exporter.many import NodesExporter
+from exporter.server import Published
+from topology.model import MigDevice, Topology
+
+MIG_NODE = next(iter(MIG.nodes))
+
+
+def doc(name: str, topology: Topology) -> Topology:
+    """`topology`'s only node, under another name: what a per-node ConfigMap holds."""
+    (node,) = topology.nodes.values()
+    return Topology(topology.mig_strategy, {name: node})
+
+
+@pytest.fixture
+def rendered(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The hostnames dcgm.fragments is called for, in order: what was rendered again."""
+    calls: list[str] = []
+    real = dcgm.fragments
+
+    def spy(node, options, now):  # type: ignore[no-untyped-def]
+        calls.append(options.hostname)
+        return real(node, options, now)
+
+    monkeypatch.setattr(dcgm, "fragments", spy)
+    yield calls
+
+
+def exporter() -> NodesExporter:
+    return NodesExporter(dcgm.Options("ignored", "535.104.05"), Published())
+
+
+def test_one_body_with_each_node_as_its_own_exporter_would_serve_it() -> None:
+    many = exporter()
+    for name in ("b", "a"):
+        many.update_source(f"topology-{name}", doc(name, MIG), f"ConfigMap {name}")
+    many.update_source("topology-k80", doc("k80", whole_gpu(50, 50)), "ConfigMap k80")
+    snap = many.render()
+    assert snap.healthy and snap.reason == "ok"
+    text = snap.body.decode()
+    series = parse(text)  # Prometheus' parser accepts it: each family once
+    families = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
+    assert families == ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED"]
+    for name in ("a", "b", "k80"):
+        topology = doc(name, MIG if name != "k80" else whole_gpu(50, 50))
+        alone = dcgm.render(topology.nodes[name], dcgm.Options(name, "535.104.05"), 0)
+        assert [s for s in series if s.label("Hostname") == name] == parse(alone.decode())
+    # Within a family, nodes in name order.
+    used = [s.label("Hostname") for s in series if s.name == "DCGM_FI_DEV_FB_USED"]
+    assert used == sorted(used)
+
+
+def test_a_change_renders_only_its_node(rendered: list[str]) -> None:
+    many = exporter()
+    for name in ("a", "b", "c"):
+        many.update_source(f"topology-{name}", doc(name, MIG), name)
+    many.render()
+    assert sorted(rendered) == ["a", "b", "c"]
+    rendered.clear()
+    (node,) = MIG.nodes.values()
+    gpu = node.gpus[0]
+    repartitioned = node.__class__(**{**node.__dict__, "gpus": (gpu.__class__(
+        gpu.id, mig_devices=(MigDevice("7g.40gb", 0, 0),)),)})  # fmt: skip
+    many.update_source("topology-b", Topology("mixed", {"b": repartitioned}), "b")
+    many.update_source("topology-c", doc("c", MIG), "c")  # the same again: no change
+    body = many.render().body.decode()
+    assert rendered == ["b"]
+    assert {s.label("GPU_I_PROFILE") for s in parse(body) if s.label("Hostname") == "b"} == {
+        "7g.40gb"
+    }
+
+
+def test_only_nodes_that_move_in_time_render_on_a_new_step(rendered: list[str]) -> None:
+    with freeze_time("2026-11-22 10:00:00") as clock:
+        many = exporter()
+        many.update_source("topology-mig", doc("mig", MIG), "mig")
+        many.update_source("topology-busy", doc("busy", whole_gpu(0, 100)), "busy")
+        many.render()
+        rendered.clear()
+        clock.tick(dcgm.UTILIZATION_STEP_S / 2)
+        many.render()
+        assert rendered == []  # same step: nothing moves
+        clock.tick(dcgm.UTILIZATION_STEP_S)
+        many.render()
+        assert rendered == ["busy"]
+
+
+def test_a_bad_node_keeps_its_last_good_series_and_the_others_go_on() -> None:
+    many = exporter()
+    many.update_source("topology-a", doc("a", MIG), "ConfigMap gpu-operator/topology-a")
+    many.update_source("topology-b", doc("b", MIG), "ConfigMap gpu-operator/topology-b")
+    good = many.render().body
+    (node,) = MIG.nodes.values()
+    broken = node.__class__(**{**node.__dict__, "gpu_product": "NVIDIA-H200"})  # no such profiles
+    many.update_source(
+        "topology-a", Topology("mixed", {"a": broken}), "ConfigMap gpu-operator/topology-a"
+    )
+    snap = many.render()
+    assert snap.body == good
+    assert not snap.healthy
+    assert snap.reason.startswith(
+        "ConfigMap gpu-operator/topology-a: gpus[0].mig-devices[0].name: node a:"
+    )
+    assert len(snap.reason.splitlines()) == 1
+    many.update_source("topology-a", doc("a", MIG), "ConfigMap gpu-operator/topology-a")
+    assert many.render().healthy
+
+
+def test_sources_and_the_node_selector_decide_which_nodes_are_served() -> None:
+    many = exporter()
+    for name in ("a", "b", "c"):
+        many.update_source(f"topology-{name}", doc(name, MIG), name)
+
+    def hosts() -> set[str]:
+        return {s.label("Hostname") for s in parse(many.render().body.decode())}
+
+    assert hosts() == {"a", "b", "c"}
+    many.remove_source("topology-a")  # its ConfigMap was deleted
+    assert hosts() == {"b", "c"}
+    many.keep_sources({"topology-b"})  # a fresh list without topology-c
+    assert hosts() == {"b"}
+    many.update_source("topology-c", doc("c", MIG), "c")
+    many.select({"c", "not-a-gpu-node"})
+    assert hosts() == {"c"}
+    many.select({"b", "c"})
+    assert hosts() == {"b", "c"}
+    many.problem("ConfigMaps gpu-operator: HTTP 500 Internal Server Error")
+    snap = many.render()
+    assert (
+        not snap.healthy
+        and snap.reason == "ConfigMaps gpu-operator: HTTP 500 Internal Server Error"
+    )
+    assert {s.label("Hostname") for s in parse(snap.body.decode())} == {"b", "c"}

@@ -1,0 +1,186 @@
+"""The incremental cluster state: any order of events ends where a fresh reconcile of the final
+objects ends, and an event costs its own node only."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from status_updater import reconcile as rc
+from status_updater.state import ClusterState, Unreadable
+from topology.model import NodeTopology
+
+LAYOUT = {0: "2g.10gb", 4: "1g.5gb", 5: "1g.5gb", 6: "1g.5gb"}
+
+
+def node(name: str, *, mapping_from: str | None = None, strategy: str = "mixed",
+         broken: bool = False, uid: str = "") -> dict[str, Any]:  # fmt: skip
+    """A 2-GPU A100 node; its mapping names MIG ids after `mapping_from` (a copy: a duplicate)."""
+    config = {"mig-configs": {"selected": [{"devices": "all", "mig-enabled": True,
+                                            "mig-devices": dict(LAYOUT)}]}}  # fmt: skip
+    source = mapping_from or name
+    mapping = {str(g): {str(p): f"MIG-{source}-{g}-{p}" for p in LAYOUT} for g in range(2)}
+    labels = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "two" if broken else "2",
+              "nvidia.com/mig.strategy": strategy, "node-role.kubernetes.io/runai-dynamic-mig": "true",
+              "node-role.kubernetes.io/runai-mig-enabled": "true", "kubernetes.io/hostname": name}  # fmt: skip
+    annotations = {"run.ai/mig.config": json.dumps(config),
+                   "run.ai/mig-mapping": base64.b64encode(json.dumps(mapping).encode()).decode(),
+                   "node.alpha.kubernetes.io/ttl": "0"}  # fmt: skip
+    return {"kind": "Node", "metadata": {"name": name, "uid": uid or f"uid-{name}", "labels": labels,
+                                         "annotations": annotations},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+
+
+def pod(name: str, node_name: str, gpu: int, position: int, *, fb: str = "100",
+        phase: str = "Running") -> dict[str, Any]:  # fmt: skip
+    device = {"name": f"nvidia.com/mig-{LAYOUT[position]}", "position": position, "gpuindex": gpu}
+    return {"kind": "Pod",
+            "metadata": {"name": name, "namespace": "team", "uid": f"uid-{name}",
+                         "annotations": {"runai-mig-device": json.dumps(device), "run.ai/simulated-fb-used": fb,
+                                         "kubectl.kubernetes.io/last-applied-configuration": "{...}"},
+                         "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"nodeName": node_name, "containers": [{"name": "main", "image": "burn",
+                                                            "env": [{"name": "X", "value": "1"}]}]},
+            "status": {"phase": phase, "conditions": [{"type": "Ready"}]}}  # fmt: skip
+
+
+def cpu_pod(name: str, node_name: str) -> dict[str, Any]:
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "web"},
+            "spec": {"nodeName": node_name, "containers": [{"name": "web"}]},
+            "status": {"phase": "Running"}}  # fmt: skip
+
+
+NAMES = ["a", "b", "c"]
+# Everything that can happen: nodes come, change and go; pods come, change, move, finish, go.
+events = st.one_of(
+    st.tuples(st.just("node"), st.sampled_from(NAMES), st.sampled_from(["plain", "broken", "copy-a", "single"])),
+    st.tuples(st.just("delete-node"), st.sampled_from(NAMES), st.just("")),
+    st.tuples(st.just("pod"), st.sampled_from(["p1", "p2", "p3", "p4"]),
+              st.tuples(st.sampled_from(NAMES), st.integers(0, 1), st.sampled_from(list(LAYOUT)),
+                        st.sampled_from(["100", "200", "lots"]), st.sampled_from(["Running", "Succeeded"]))),
+    st.tuples(st.just("delete-pod"), st.sampled_from(["p1", "p2", "p3", "p4"]), st.just("")),
+    st.tuples(st.just("cpu-pod"), st.sampled_from(["w1", "w2"]), st.sampled_from(NAMES)),
+)  # fmt: skip
+
+
+def build_node(name: str, kind: str) -> dict[str, Any]:
+    if kind == "broken":
+        return node(name, broken=True)
+    if kind == "copy-a":
+        return node(name, mapping_from="a")
+    return node(name, strategy="single" if kind == "single" else "mixed")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(events, max_size=25), st.integers(0, 5))
+def test_any_order_of_events_ends_where_a_fresh_reconcile_ends(
+    history: list[tuple[str, str, Any]], settle_every: int
+) -> None:
+    state = ClusterState()
+    nodes: dict[str, dict[str, Any]] = {}
+    pods: dict[str, dict[str, Any]] = {}
+    for i, (kind, name, arg) in enumerate(history):
+        if kind == "node":
+            nodes[name] = build_node(name, arg)
+            state.set_node(copy.deepcopy(nodes[name]))
+        elif kind == "delete-node":
+            nodes.pop(name, None)
+            state.delete_node(name)
+        elif kind in ("pod", "cpu-pod"):
+            obj = (
+                pod(name, arg[0], arg[1], arg[2], fb=arg[3], phase=arg[4])
+                if kind == "pod"
+                else cpu_pod(name, arg)
+            )
+            pods[rc.pod_key(obj)] = obj
+            state.set_pod(copy.deepcopy(obj))
+        else:
+            pods.pop(f"team/{name}", None)
+            state.delete_pod(f"team/{name}")
+        if settle_every and i % settle_every == 0:
+            state.settle()
+    state.settle()
+    fresh = ClusterState.of(nodes.values(), pods.values())
+    assert state.results == fresh.results
+    assert state.strategy() == fresh.strategy()
+    assert {n: [str(w) for w in state.node_warnings(n)] for n in state.results} == {
+        n: [str(w) for w in fresh.node_warnings(n)] for n in fresh.results
+    }
+
+
+def test_an_event_costs_its_own_node_only() -> None:
+    state = ClusterState.of([node("a"), node("b")], [pod("p1", "a", 0, 0), pod("p2", "b", 0, 4)])
+    before = dict(state.results)
+    state.set_pod(pod("p1", "a", 0, 0, fb="300"))
+    assert state.settle() == {"a"}
+    assert state.results["b"] is before["b"]  # not even recomputed
+    # What reconcile does not read changes nothing: a pod without GPUs, a node's status.
+    state.set_pod(cpu_pod("web", "a"))
+    busy = node("b")
+    busy["status"]["conditions"][0]["status"] = "False"
+    busy["metadata"]["annotations"]["node.alpha.kubernetes.io/ttl"] = "30"
+    state.set_node(busy)
+    assert state.settle() == set()
+    # A finished pod releases its device, a deleted node goes with its result.
+    state.set_pod(pod("p2", "b", 0, 4, phase="Succeeded"))
+    state.delete_node("a")
+    assert state.settle() == {"a", "b"}
+    assert set(state.results) == {"b"}
+    # A re-list with the same objects costs nothing.
+    state.reset_nodes([node("b")])
+    state.reset_pods([cpu_pod("web", "a")])
+    assert state.settle() == set()
+
+
+def test_only_what_reconcile_reads_is_kept() -> None:
+    state = ClusterState()
+    state.set_pod(pod("p1", "a", 0, 0))
+    state.set_pod(cpu_pod("web", "a"))  # never holds a GPU: not kept at all
+    state.set_node(node("a"))
+    (kept,) = state.pods["a"].values()
+    assert kept["metadata"]["annotations"] == {
+        "runai-mig-device": json.dumps(
+            {"name": "nvidia.com/mig-2g.10gb", "position": 0, "gpuindex": 0}
+        ),
+        "run.ai/simulated-fb-used": "100",
+    }
+    assert "managedFields" not in kept["metadata"]
+    assert kept["spec"] == {
+        "nodeName": "a",
+        "containers": [{"name": "main", "resources": {"limits": {}}}],
+    }
+    assert state.nodes["a"]["metadata"]["labels"].keys() == set(rc.NODE_LABELS) - {
+        "nvidia.com/gpu.memory"
+    }
+    assert "node.alpha.kubernetes.io/ttl" not in state.nodes["a"]["metadata"]["annotations"]
+    assert state.node_uid("a") == "uid-a"
+
+
+def test_a_copied_id_makes_the_later_name_the_bad_node_in_any_order() -> None:
+    for order in (["a", "b"], ["b", "a"]):
+        state = ClusterState()
+        for name in order:
+            state.set_node(node(name, mapping_from="a"))
+            state.settle()
+        assert isinstance(state.results["a"], NodeTopology)
+        bad = state.results["b"]
+        assert isinstance(bad, Unreadable)
+        assert str(bad.reason).startswith(
+            "node b: gpus[0].mig-devices[0].id: duplicate id MIG-a-0-0 (also node a)"
+        )
+    # Fixed: b is good again, a untouched.
+    state.set_node(node("b"))
+    assert state.settle() == {"b"}
+    assert isinstance(state.results["b"], NodeTopology)
+
+
+def test_a_label_change_that_keeps_the_devices_is_still_a_change() -> None:
+    state = ClusterState.of([node("a")], [])
+    state.set_node(node("a", strategy="single"))
+    assert state.settle() == {"a"}
+    assert state.node_strategy("a") == "single"
