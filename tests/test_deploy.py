@@ -31,6 +31,13 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
+BASE = DEPLOY / "base"
+# The installs a user applies: `kubectl apply -k <directory>`.
+INSTALLS = {
+    "per-node": DEPLOY,
+    "single-layout": DEPLOY / "single-layout",
+    "all-nodes": DEPLOY / "all-nodes",
+}
 
 # Newest Kubernetes release kubernetes-validate 1.37 ships schemas for, and the oldest
 # release these manifests are meant to work on; every object is validated against both.
@@ -41,6 +48,7 @@ NAMESPACE = "gpu-operator"
 IMAGE = "mig-exporter:0.1.0"
 EXPORTER = "nvidia-dcgm-exporter"
 UPDATER = "topology-status-updater"
+ALL_NODES = "nvidia-dcgm-exporter-all-nodes"
 TOPOLOGY_CM = "topology"
 LEASE = "topology-status-updater"
 PORT_NAME = "gpu-metrics"
@@ -48,7 +56,7 @@ PORT = 9400
 NONROOT_UID = 65532
 
 CLUSTER_SCOPED_KINDS = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
-EXPECTED_OBJECTS = {
+BASE_OBJECTS = {
     ("Namespace", NAMESPACE),
     ("ServiceAccount", EXPORTER),
     ("ServiceAccount", UPDATER),
@@ -58,12 +66,18 @@ EXPECTED_OBJECTS = {
     ("RoleBinding", UPDATER),
     ("ClusterRole", UPDATER),
     ("ClusterRoleBinding", UPDATER),
-    ("ConfigMap", TOPOLOGY_CM),
     ("DaemonSet", EXPORTER),
     ("Deployment", UPDATER),
     ("Service", EXPORTER),
     ("ServiceMonitor", EXPORTER),
 }
+EXPECTED_OBJECTS = {
+    "per-node": BASE_OBJECTS,
+    "single-layout": BASE_OBJECTS | {("ConfigMap", TOPOLOGY_CM)},
+    "all-nodes": BASE_OBJECTS | {(kind, ALL_NODES) for kind in (
+        "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
+        "Deployment", "Service", "ServiceMonitor")},
+}  # fmt: skip
 READ_VERBS = {"get", "list", "watch"}
 
 # --------------------------------------------------------------------------------------
@@ -147,19 +161,30 @@ CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICEMONITOR_SC
 # ----------------------------------------------------------------------------- loading
 
 
+def kustomization(directory: Path) -> dict[str, Any]:
+    return yaml.safe_load((directory / "kustomization.yaml").read_text())  # type: ignore[no-any-return]
+
+
 def manifest_files() -> list[Path]:
-    """deploy/*.yaml except kustomization.yaml (kustomize's input, not an API object)."""
-    return sorted(p for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")
+    """Every whole API object under deploy/: not kustomization.yaml (kustomize's input) and not
+    the overlays' patches (parts of objects)."""
+    patches = {
+        d / p for d in INSTALLS.values() for p in kustomization(d).get("patchesStrategicMerge", [])
+    }
+    return sorted(
+        p for p in DEPLOY.rglob("*.yaml") if p.name != "kustomization.yaml" and p not in patches
+    )
 
 
 def load_docs(path: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
 
 
-def source_docs() -> Iterator[tuple[str, dict[str, Any]]]:
-    for path in manifest_files():
+def source_docs(paths: list[Path] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    for path in manifest_files() if paths is None else paths:
         for doc in load_docs(path):
-            yield f"{path.name}:{doc['kind']}/{doc['metadata']['name']}", doc
+            where = path.relative_to(DEPLOY)
+            yield f"{where}:{doc['kind']}/{doc['metadata']['name']}", doc
 
 
 def kubectl() -> str:
@@ -194,13 +219,18 @@ def kustomize(directory: Path) -> list[dict[str, Any]]:
 
 
 @cache
-def _rendered() -> tuple[dict[str, Any], ...]:
-    return tuple(kustomize(DEPLOY))
+def _rendered(install: str = "per-node") -> tuple[dict[str, Any], ...]:
+    return tuple(kustomize(INSTALLS[install]))
+
+
+def render(install: str) -> list[dict[str, Any]]:
+    return list(_rendered(install))
 
 
 @pytest.fixture
 def rendered() -> list[dict[str, Any]]:
-    return list(_rendered())
+    """`kubectl kustomize deploy/`: the default install, per-node."""
+    return render("per-node")
 
 
 def find(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -322,7 +352,7 @@ def test_manifest_validates_against_kubernetes_schema(
 
 def test_servicemonitor_schema_rejects_unknown_fields() -> None:
     """The hand-written CRD schema is strict, like kubernetes-validate's strict mode."""
-    doc = find(load_docs(DEPLOY / "servicemonitor.yaml"), "ServiceMonitor", EXPORTER)
+    doc = find(load_docs(BASE / "servicemonitor.yaml"), "ServiceMonitor", EXPORTER)
     jsonschema.Draft202012Validator(SERVICEMONITOR_SCHEMA).validate(doc)
     for broken in (
         {**doc, "spec": {**doc["spec"], "endpoint": doc["spec"]["endpoints"]}},
@@ -356,25 +386,40 @@ def test_kubernetes_validate_ships_the_stated_versions() -> None:
 # ---------------------------------------------------------------------- (b) kustomize
 
 
-def test_kustomization_lists_every_manifest() -> None:
-    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
-    assert kustomization["namespace"] == NAMESPACE
-    assert sorted(kustomization["resources"]) == [p.name for p in manifest_files()]
-    # Image override point: `kustomize edit set image mig-exporter=REGISTRY/...`.
-    assert [i["name"] for i in kustomization["images"]] == ["mig-exporter"]
-    # Selectors must stay on `app` only: no label transformer that could reach them.
-    assert "commonLabels" not in kustomization
+def test_kustomizations_list_every_manifest() -> None:
+    base = kustomization(BASE)
+    assert base["namespace"] == NAMESPACE
+    assert sorted(base["resources"]) == sorted(
+        p.name for p in BASE.glob("*.yaml") if p.name != "kustomization.yaml"
+    )
+    # Image override point, for every install: `kustomize edit set image mig-exporter=REGISTRY/...`.
+    assert [i["name"] for i in base["images"]] == ["mig-exporter"]
+    # Every install builds on base/ (with the field old kustomize knows) and adds its own files.
+    for name, directory in INSTALLS.items():
+        k = kustomization(directory)
+        assert k["namespace"] == NAMESPACE, name
+        assert [(directory / b).resolve() for b in k["bases"]] == [BASE], name
+        own = {p.name for p in directory.glob("*.yaml") if p.name != "kustomization.yaml"}
+        assert own == set(k.get("resources", [])) | set(k.get("patchesStrategicMerge", [])), name
+        # Selectors must stay on `app` only: no label transformer that could reach them.
+        assert "commonLabels" not in k and "commonLabels" not in base, name
 
 
-def test_kustomize_renders_expected_objects(rendered: list[dict[str, Any]]) -> None:
-    keys = [(o["kind"], o["metadata"]["name"]) for o in rendered]
+@pytest.mark.parametrize("install", INSTALLS)
+def test_kustomize_renders_expected_objects(install: str) -> None:
+    objs = render(install)
+    keys = [(o["kind"], o["metadata"]["name"]) for o in objs]
     assert len(keys) == len(set(keys)), f"duplicate objects: {keys}"
-    assert set(keys) == EXPECTED_OBJECTS
-    # The rendered set is exactly what deploy/*.yaml holds.
-    assert set(keys) == {(d["kind"], d["metadata"]["name"]) for _, d in source_docs()}
+    assert set(keys) == EXPECTED_OBJECTS[install]
+    # The rendered set is exactly what base/ and the install's own files hold.
+    files = [*BASE.glob("*.yaml"), *INSTALLS[install].glob("*.yaml")]
+    files = [p for p in files if p in manifest_files()]
+    assert set(keys) == {(d["kind"], d["metadata"]["name"]) for _, d in source_docs(files)}
 
 
-def test_rendered_objects_live_in_gpu_operator(rendered: list[dict[str, Any]]) -> None:
+@pytest.mark.parametrize("install", INSTALLS)
+def test_rendered_objects_live_in_gpu_operator(install: str) -> None:
+    rendered = render(install)
     for obj in rendered:
         meta = obj["metadata"]
         if obj["kind"] in CLUSTER_SCOPED_KINDS:
@@ -386,7 +431,9 @@ def test_rendered_objects_live_in_gpu_operator(rendered: list[dict[str, Any]]) -
                 assert subject["namespace"] == NAMESPACE
 
 
-def test_rendered_objects_are_labelled_part_of(rendered: list[dict[str, Any]]) -> None:
+@pytest.mark.parametrize("install", INSTALLS)
+def test_rendered_objects_are_labelled_part_of(install: str) -> None:
+    rendered = render(install)
     for obj in rendered:
         if obj["kind"] == "Namespace":
             continue  # owned by the GPU operator in real clusters; left alone
@@ -425,8 +472,9 @@ def test_image_can_be_overridden(tmp_path: Path) -> None:
 # --------------------------------------------------------------- (c) reviewer checks
 
 
-def test_every_container_uses_the_project_image(rendered: list[dict[str, Any]]) -> None:
-    images = {c["image"] for _, pod in pod_specs(rendered) for c in containers(pod)}
+@pytest.mark.parametrize("install", INSTALLS)
+def test_every_container_uses_the_project_image(install: str) -> None:
+    images = {c["image"] for _, pod in pod_specs(render(install)) for c in containers(pod)}
     assert images == {IMAGE}
 
 
@@ -453,7 +501,7 @@ def test_exporter_daemonset(rendered: list[dict[str, Any]]) -> None:
 
     env = env_of(container)
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-    assert env["TOPOLOGY_CM_NAME"]["value"] == TOPOLOGY_CM
+    assert env["TOPOLOGY_LAYOUT"]["value"] == "per-node"
     assert env["TOPOLOGY_CM_NAMESPACE"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.namespace"}
     }
@@ -481,7 +529,7 @@ def test_status_updater_deployment(rendered: list[dict[str, Any]]) -> None:
     assert container["args"] == ["status_updater", "run"]
     env = env_of(container)
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    assert env["TOPOLOGY_CM_NAME"]["value"] == TOPOLOGY_CM
+    assert env["TOPOLOGY_LAYOUT"]["value"] == "per-node"
     assert env["TOPOLOGY_CM_NAMESPACE"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.namespace"}
     }
@@ -526,16 +574,32 @@ def test_servicemonitor_scrapes_the_service(rendered: list[dict[str, Any]]) -> N
     assert endpoint["honorLabels"] is False
 
 
-def test_topology_seed_configmap(rendered: list[dict[str, Any]]) -> None:
+def test_single_layout_install() -> None:
+    rendered = render("single-layout")
+    # Both daemons on the one ConfigMap, the rest as in deploy/.
+    for kind, name in (("DaemonSet", EXPORTER), ("Deployment", UPDATER)):
+        [container] = find(rendered, kind, name)["spec"]["template"]["spec"]["containers"]
+        env = env_of(container)
+        assert env["TOPOLOGY_LAYOUT"]["value"] == "single", name
+        assert env["TOPOLOGY_CM_NAME"]["value"] == TOPOLOGY_CM, name
+        assert env["TOPOLOGY_CM_NAMESPACE"]["valueFrom"] == {
+            "fieldRef": {"fieldPath": "metadata.namespace"}
+        }
+        assert env["PYTHONDONTWRITEBYTECODE"]["value"] == "1", "the patch adds, not replaces"
+    # The seed, so exporters have a valid document before the updater has run.
     cm = find(rendered, "ConfigMap", TOPOLOGY_CM)
     assert set(cm["data"]) == {"topology.yml"}
     assert cm["data"]["topology.yml"] == "mig-strategy: mixed\nnodes: {}\n"
     assert yaml.safe_load(cm["data"]["topology.yml"]) == {"mig-strategy": "mixed", "nodes": {}}
 
 
-def test_pods_are_locked_down(rendered: list[dict[str, Any]]) -> None:
-    specs = dict(pod_specs(rendered))
-    assert set(specs) == {f"DaemonSet/{EXPORTER}", f"Deployment/{UPDATER}"}
+@pytest.mark.parametrize("install", INSTALLS)
+def test_pods_are_locked_down(install: str) -> None:
+    specs = dict(pod_specs(render(install)))
+    expected = {f"DaemonSet/{EXPORTER}", f"Deployment/{UPDATER}"}
+    if install == "all-nodes":
+        expected.add(f"Deployment/{ALL_NODES}")
+    assert set(specs) == expected
     for where, pod in specs.items():
         pod_sc = pod.get("securityContext", {})
         assert pod_sc.get("runAsNonRoot") is True, where
@@ -582,14 +646,16 @@ def test_pods_are_locked_down(rendered: list[dict[str, Any]]) -> None:
             assert "emptyDir" in volumes[tmp[0]["name"]], what
 
 
-def test_service_accounts_do_not_automount_by_default(rendered: list[dict[str, Any]]) -> None:
-    for name in (EXPORTER, UPDATER):
-        assert find(rendered, "ServiceAccount", name)["automountServiceAccountToken"] is False
+@pytest.mark.parametrize("install", INSTALLS)
+def test_service_accounts_do_not_automount_by_default(install: str) -> None:
+    rendered = render(install)
+    for account in (o for o in rendered if o["kind"] == "ServiceAccount"):
+        assert account["automountServiceAccountToken"] is False, account["metadata"]["name"]
     for where, pod in pod_specs(rendered):
         assert find(rendered, "ServiceAccount", pod["serviceAccountName"]), where
 
 
-def test_exporter_rbac_is_read_only_on_the_topology_configmap(
+def test_exporter_rbac_reads_configmaps_in_its_namespace_only(
     rendered: list[dict[str, Any]],
 ) -> None:
     cluster, namespaced = bound_rules(rendered, EXPORTER)
@@ -598,6 +664,20 @@ def test_exporter_rbac_is_read_only_on_the_topology_configmap(
     for rule in namespaced:
         assert rule["apiGroups"] == [""]
         assert rule["resources"] == ["configmaps"]
+        assert set(rule["verbs"]) <= READ_VERBS
+    # Per-node names (topology-<node>) are not known to a Role: any ConfigMap here, read only.
+    for verb in READ_VERBS:
+        assert allowed(namespaced, verb, "configmaps", name="topology-gpu-node-1")
+    for verb in ("create", "update", "patch", "delete"):
+        assert not allowed(namespaced, verb, "configmaps", name="topology-gpu-node-1"), verb
+    assert not allowed(namespaced, "get", "secrets", name="topology-gpu-node-1")
+
+
+def test_single_layout_rbac_is_pinned_to_the_topology_configmap() -> None:
+    rendered = render("single-layout")
+    cluster, namespaced = bound_rules(rendered, EXPORTER)
+    assert cluster == []
+    for rule in namespaced:
         assert rule["resourceNames"] == [TOPOLOGY_CM]
         assert set(rule["verbs"]) <= READ_VERBS
     for verb in READ_VERBS:
@@ -605,8 +685,14 @@ def test_exporter_rbac_is_read_only_on_the_topology_configmap(
     # Listing/watching all configmaps (no fieldSelector on the name) is refused.
     assert not allowed(namespaced, "list", "configmaps")
     assert not allowed(namespaced, "get", "configmaps", name="something-else")
-    assert not allowed(namespaced, "get", "secrets", name=TOPOLOGY_CM)
-    # The name in RBAC is the one the DaemonSet watches and the seed ConfigMap has.
+
+    _, updater = bound_rules(rendered, UPDATER)
+    for verb in ("get", "create", "patch"):
+        assert allowed(updater, verb, "configmaps", name=None if verb == "create" else TOPOLOGY_CM)
+    for verb in ("list", "watch", "update", "delete"):
+        assert not allowed(updater, verb, "configmaps", name=TOPOLOGY_CM), verb
+    assert not allowed(updater, "patch", "configmaps", name="someone-elses")
+    # The name in RBAC is the one the workloads use and the seed has.
     container = find(rendered, "DaemonSet", EXPORTER)["spec"]["template"]["spec"]["containers"][0]
     assert env_of(container)["TOPOLOGY_CM_NAME"]["value"] == TOPOLOGY_CM
     assert find(rendered, "ConfigMap", TOPOLOGY_CM)
@@ -624,26 +710,71 @@ def test_status_updater_rbac(rendered: list[dict[str, Any]]) -> None:
         for verb in READ_VERBS:
             assert allowed(cluster, verb, resource), (verb, resource)
     assert not allowed(cluster, "list", "secrets")
+    assert not allowed(cluster, "create", "configmaps")
 
-    # In its namespace: what it does to the topology ConfigMap and its Lease (read, create,
-    # patch: never PUT) ...
+    # In its namespace: what it does to the per-node ConfigMaps (watch its own, create, patch,
+    # read back, delete those of gone nodes: never PUT) and to its Lease ...
+    for verb in ("get", "list", "watch", "create", "patch", "delete"):
+        assert allowed(namespaced, verb, "configmaps", name="topology-gpu-node-1"), verb
+    assert not allowed(namespaced, "update", "configmaps", name="topology-gpu-node-1")
     for verb in ("get", "create", "patch"):
-        name = None if verb == "create" else TOPOLOGY_CM
-        assert allowed(namespaced, verb, "configmaps", name=name), verb
         name = None if verb == "create" else LEASE
         assert allowed(namespaced, verb, "leases", group="coordination.k8s.io", name=name), verb
-    for verb in ("list", "watch", "update"):
-        assert not allowed(namespaced, verb, "configmaps", name=TOPOLOGY_CM), verb
     # ... and nothing more.
     for rule in namespaced:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[field], rule
-    assert not allowed(namespaced, "delete", "configmaps", name=TOPOLOGY_CM)
-    assert not allowed(namespaced, "patch", "configmaps", name="someone-elses")
     assert not allowed(namespaced, "update", "leases", group="coordination.k8s.io", name="x")
+    assert not allowed(namespaced, "patch", "leases", group="coordination.k8s.io", name="x")
     assert not allowed(namespaced, "get", "secrets", name=TOPOLOGY_CM)
     granted = {(g, r) for rule in namespaced for g in rule["apiGroups"] for r in rule["resources"]}
     assert granted == {("", "configmaps"), ("coordination.k8s.io", "leases")}
+
+
+def test_all_nodes_install() -> None:
+    rendered = render("all-nodes")
+    deploy = find(rendered, "Deployment", ALL_NODES)
+    assert deploy["spec"]["replicas"] == 1  # two would export every node twice
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == ALL_NODES
+    [container] = pod["containers"]
+    args = container["args"]
+    assert args[0] == "exporter" and "--all-nodes" in args
+    assert args[args.index("--port") + 1] == str(PORT)
+    assert container["ports"] == [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}]
+    env = env_of(container)
+    assert env["TOPOLOGY_LAYOUT"]["value"] == "per-node"
+    assert "NODE_NAME" not in env
+    assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": PORT_NAME}
+
+    # Its own Service and ServiceMonitor: they select its pod and not the DaemonSet's, and the
+    # DaemonSet's selector does not reach its pod.
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    ds = find(rendered, "DaemonSet", EXPORTER)
+    svc = find(rendered, "Service", ALL_NODES)
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert (
+        not svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert not ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert not find(rendered, "Service", EXPORTER)["spec"]["selector"].items() <= labels.items()
+    sm = find(rendered, "ServiceMonitor", ALL_NODES)
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert [e["honorLabels"] for e in sm["spec"]["endpoints"]] == [False]
+
+    # RBAC: read the ConfigMaps here, list/watch Nodes (for --node-selector), nothing else.
+    cluster, namespaced = bound_rules(rendered, ALL_NODES)
+    for verb in READ_VERBS:
+        assert allowed(namespaced, verb, "configmaps", name="topology-n")
+    assert not allowed(namespaced, "patch", "configmaps", name="topology-n")
+    assert allowed(cluster, "list", "nodes") and allowed(cluster, "watch", "nodes")
+    granted = {
+        (r, v) for rule in cluster + namespaced for r in rule["resources"] for v in rule["verbs"]
+    }
+    assert granted == {("configmaps", v) for v in READ_VERBS} | {
+        ("nodes", "list"),
+        ("nodes", "watch"),
+    }
 
 
 # ---------------------------------------------------------------------------- image
