@@ -11,7 +11,8 @@ from topology import yamltext
 # Strings a topology can carry, and the ones YAML would misread if left unquoted.
 TRICKY = ["", "true", "No", "~", "null", "1g.5gb", "0x1F", "1e3", "12:30", "- a", "a: b", "#x",
           "'q'", '"d"', "a\nb", "tab\there", "é", "\u2028", "\x85", "😀", "2001-01-01", "=", "<<",
-          ".inf", "-1", "+1", "0o17", "a b", " lead", "trail ", "@at", "`tick", "!tag", "%p", "*a"]  # fmt: skip
+          ".inf", "-1", "+1", "0o17", "a b", " lead", "trail ", "@at", "`tick", "!tag", "%p", "*a",
+          "False", "off", "ON", "Null", "n", "Y", "yes", "TRUE", "fine", "note", "_x", "Zeta"]  # fmt: skip
 strings = st.one_of(st.sampled_from(TRICKY), st.text(max_size=12))
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), strings)
 keys = st.one_of(strings, st.integers())

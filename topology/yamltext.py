@@ -10,6 +10,7 @@ back exactly the tree that went in, for generated trees.
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -24,8 +25,18 @@ _PRINTABLE_ASCII = re.compile(r"[ -~]*")
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r", "\0": "\\0"}
 
 
+# PyYAML resolves a plain scalar to something other than a string only by its first character
+# (digits, signs, '.', '~', and the letters its booleans and null start with): a plain-safe string
+# starting with any other letter is a string, with no need to run the resolver's expressions.
+_RESOLVED_FIRST = {k for k in yaml.resolver.Resolver.yaml_implicit_resolvers if k}
+_SAFE_FIRST = "".join(c for c in string.ascii_letters + "_" if c not in _RESOLVED_FIRST)
+_NEVER_RESOLVED = re.compile(f"[{_SAFE_FIRST}][A-Za-z0-9_./-]*")
+
+
 @lru_cache(maxsize=8192)
 def _string(value: str) -> str:
+    if _NEVER_RESOLVED.fullmatch(value):
+        return value
     implicit = _RESOLVER.resolve(yaml.ScalarNode, value, (True, False))  # type: ignore[no-untyped-call]
     if _PLAIN.fullmatch(value) and implicit == _STR_TAG:
         return value
@@ -46,14 +57,19 @@ def _escape(c: str) -> str:
 
 
 def _scalar(value: object) -> str:
+    kind = type(value)
+    if kind is str:
+        return _string(value)  # type: ignore[arg-type]
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is int:
+        return str(value)
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
     if isinstance(value, str):
         return _string(value)
+    if isinstance(value, int):  # an int or bool subclass
+        return _scalar(bool(value) if isinstance(value, bool) else int(value))
     if isinstance(value, Mapping):  # only empty ones reach here
         return "{}"
     if isinstance(value, list | tuple):
@@ -61,20 +77,28 @@ def _scalar(value: object) -> str:
     raise TypeError(f"cannot write {type(value).__name__} as YAML")
 
 
+_SCALARS = frozenset((str, int, bool, type(None)))
+
+
 def _nested(value: object) -> bool:
+    kind = type(value)
+    if kind is dict or kind is list or kind is tuple:  # the common cases first: no ABC checks
+        return len(value) > 0  # type: ignore[arg-type]
+    if kind in _SCALARS:
+        return False
     return isinstance(value, Mapping | list | tuple) and len(value) > 0
 
 
 def _block(value: Any, indent: str, out: list[str]) -> None:
-    if isinstance(value, Mapping):
+    if type(value) is dict or isinstance(value, Mapping):
+        inner = indent + "  "
         for key, item in value.items():
-            head = f"{indent}{_scalar(key)}:"
             if not _nested(item):
-                out.append(f"{head} {_scalar(item)}")
+                out.append(f"{indent}{_scalar(key)}: {_scalar(item)}")
                 continue
-            out.append(head)
+            out.append(f"{indent}{_scalar(key)}:")
             # A list under a key starts at the key's column, as PyYAML writes it.
-            _block(item, indent if isinstance(item, list | tuple) else indent + "  ", out)
+            _block(item, indent if type(item) is list or type(item) is tuple else inner, out)
         return
     for item in value:
         if not _nested(item):
