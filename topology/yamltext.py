@@ -59,7 +59,7 @@ def _escape(c: str) -> str:
 def _scalar(value: object) -> str:
     kind = type(value)
     if kind is str:
-        return _string(value)  # type: ignore[arg-type]
+        return _string(value)
     if kind is bool:
         return "true" if value else "false"
     if kind is int:
