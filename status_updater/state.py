@@ -144,7 +144,7 @@ class ClusterState:
             recheck |= self._compute(name)
         self._rebuild.clear()
         self._stale.clear()
-        changed = rebuilt & set(self.nodes)
+        changed = {name for name in rebuilt if name in self.nodes}  # never O(cluster)
         for name in touched | recheck:
             result = self._judge(name)
             if self.results.get(name) != result:

@@ -8,8 +8,21 @@ from conftest import SAMPLES
 from hypothesis import given
 from hypothesis import strategies as st
 
+from topology import yamltext
 from topology.errors import TopologyError
-from topology.model import dump_yaml, load_yaml
+from topology.model import (
+    AllocatedBy,
+    DeviceStatus,
+    Gpu,
+    MigDevice,
+    NodeTopology,
+    PodUsage,
+    Topology,
+    Utilization,
+    dump_yaml,
+    load_yaml,
+    to_dict,
+)
 from topology.validate import errors
 
 SAMPLE = yaml.safe_load((SAMPLES / "topology" / "a100-40gb-active.yaml").read_text())["data"][
@@ -120,3 +133,31 @@ def test_any_yaml_document_loads_or_fails_with_a_topology_error(doc: object) -> 
     except TopologyError:
         return
     errors(topology)  # a loaded topology can always be validated
+
+
+# Every shape the schema allows: optional ids and statuses, empty and absent lists, odd strings.
+_text = st.one_of(
+    st.sampled_from(["1g.5gb", "MIG-1", "true", "null", "a b", "0x1", "é", ""]), st.text(max_size=8)
+)
+_usage = st.builds(PodUsage, st.builds(Utilization, st.integers(0, 100), st.integers(0, 100)),
+                   st.integers(0, 10**6), st.booleans())  # fmt: skip
+_status = st.builds(
+    DeviceStatus,
+    st.none() | st.builds(AllocatedBy, _text, _text, _text),
+    st.dictionaries(_text, _usage, max_size=2),
+)
+_mig = st.builds(
+    MigDevice, _text, st.integers(0, 7), st.integers(0, 14), st.none() | _text, st.none() | _status
+)
+_gpu = st.builds(Gpu, _text, st.none() | _status, st.none() | st.lists(_mig, max_size=3).map(tuple))
+_node = st.builds(NodeTopology, st.integers(0, 64), st.integers(0, 10**6), _text, st.booleans(),
+                  st.lists(_gpu, max_size=3).map(tuple))  # fmt: skip
+topologies = st.builds(Topology, st.sampled_from(["none", "single", "mixed"]),
+                       st.dictionaries(_text, _node, max_size=3))  # fmt: skip
+
+
+@given(topologies)
+def test_the_fast_writer_writes_what_the_generic_one_does(topology: Topology) -> None:
+    text = dump_yaml(topology)
+    assert text == yamltext.dump(to_dict(topology))  # which PyYAML reads back (test_yamltext.py)
+    assert yaml.safe_load(text) == to_dict(topology)

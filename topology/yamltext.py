@@ -56,7 +56,8 @@ def _escape(c: str) -> str:
     return f"\\u{code:04X}" if code <= 0xFFFF else f"\\U{code:08X}"
 
 
-def _scalar(value: object) -> str:
+def scalar(value: object) -> str:
+    """One scalar (a string, int, bool or None) as YAML writes it in block style."""
     kind = type(value)
     if kind is str:
         return _string(value)
@@ -69,7 +70,7 @@ def _scalar(value: object) -> str:
     if isinstance(value, str):
         return _string(value)
     if isinstance(value, int):  # an int or bool subclass
-        return _scalar(bool(value) if isinstance(value, bool) else int(value))
+        return scalar(bool(value) if isinstance(value, bool) else int(value))
     if isinstance(value, Mapping):  # only empty ones reach here
         return "{}"
     if isinstance(value, list | tuple):
@@ -94,15 +95,15 @@ def _block(value: Any, indent: str, out: list[str]) -> None:
         inner = indent + "  "
         for key, item in value.items():
             if not _nested(item):
-                out.append(f"{indent}{_scalar(key)}: {_scalar(item)}")
+                out.append(f"{indent}{scalar(key)}: {scalar(item)}")
                 continue
-            out.append(f"{indent}{_scalar(key)}:")
+            out.append(f"{indent}{scalar(key)}:")
             # A list under a key starts at the key's column, as PyYAML writes it.
             _block(item, indent if type(item) is list or type(item) is tuple else inner, out)
         return
     for item in value:
         if not _nested(item):
-            out.append(f"{indent}- {_scalar(item)}")
+            out.append(f"{indent}- {scalar(item)}")
             continue
         start = len(out)
         _block(item, indent + "  ", out)
@@ -112,7 +113,7 @@ def _block(value: Any, indent: str, out: list[str]) -> None:
 def dump(data: object) -> str:
     """`data` as a block-style YAML document."""
     if not _nested(data):
-        return _scalar(data) + "\n"
+        return scalar(data) + "\n"
     out: list[str] = []
     _block(data, "", out)
     return "\n".join(out) + "\n"
