@@ -9,6 +9,7 @@ Lease holder writes; a standby keeps its state current so that a takeover is qui
 
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import threading
@@ -64,6 +65,7 @@ class Controller:
         self._pending: set[str] = set()  # nodes changed since the last successful write
         self._full = True  # compare everything at the next write
         self._warned: dict[str, set[str]] = {}
+        self._listed = False  # a full list was applied since the last settle
 
     # --- informer callbacks (informer threads) ------------------------------------------------
 
@@ -104,17 +106,19 @@ class Controller:
     def _apply(self, what: str, kind: str, payload: Any) -> None:
         state = self.state
         if kind == "RESET":
-            (state.reset_nodes if what == "nodes" else state.reset_pods)(payload)
+            reset = state.reset_nodes if what == "nodes" else state.reset_pods
+            reset(payload, slimmed=True)  # the informer slimmed each page as it arrived
             self.synced.add(what)
+            self._listed = True
         elif what == "nodes":
             if kind == "DELETED":
                 state.delete_node(rc.node_name(payload))
             else:
-                state.set_node(payload)
+                state.set_node(payload, slimmed=True)
         elif kind == "DELETED":
             state.delete_pod(rc.pod_key(payload))
         else:
-            state.set_pod(payload)
+            state.set_pod(payload, slimmed=True)
 
     def drain(self) -> None:
         """Apply every queued event to the state."""
@@ -155,6 +159,12 @@ class Controller:
             if self.synced != {"nodes", "pods"}:
                 continue
             self._pending |= self.settle()
+            if self._listed:
+                # Hundreds of thousands of long-lived objects: leave them out of the cyclic
+                # collector's full passes, which otherwise stall an event for up to a second
+                # (BENCHMARKS.md). Reference counting still frees them when they go.
+                gc.freeze()
+                self._listed = False
             if not self.is_leader():
                 self._pending.clear()  # a takeover compares everything anyway
                 continue

@@ -40,6 +40,12 @@ def _ids(node: NodeTopology) -> Iterator[tuple[str, str]]:
                 yield f"gpus[{gi}].mig-devices[{di}].id", dev.id
 
 
+def _id_set(node: NodeTopology) -> frozenset[str]:
+    ids = {gpu.id for gpu in node.gpus}
+    ids.update(d.id for gpu in node.gpus for d in gpu.mig_devices or () if d.id is not None)
+    return frozenset(ids)
+
+
 class ClusterState:
     def __init__(self) -> None:
         self.nodes: dict[str, rc.Obj] = {}  # GPU nodes, slimmed
@@ -49,20 +55,23 @@ class ClusterState:
         self._computed: dict[str, NodeResult] = {}  # before the cluster-wide id rule
         self.results: dict[str, NodeResult] = {}  # what each GPU node's entry should be
         self.warnings: dict[str, list[TopologyError]] = {}  # per node, from its last compute
-        self._claims: dict[str, set[str]] = {}  # id -> nodes whose devices carry it
-        self._node_ids: dict[str, tuple[tuple[str, str], ...]] = {}
+        # id -> the node whose devices carry it, or the nodes (a set) where several do. A set
+        # only where it is needed: a big cluster has hundreds of thousands of ids.
+        self._claims: dict[str, str | set[str]] = {}
+        self._node_ids: dict[str, frozenset[str]] = {}
         self._strategies: Counter[str | None] = Counter()
         self._rebuild: set[str] = set()  # Node changed: devices and allocations
         self._stale: set[str] = set()  # Pods changed: allocations
 
     # --- objects in ----------------------------------------------------------------------------
 
-    def set_node(self, node: rc.Obj) -> None:
+    def set_node(self, node: rc.Obj, *, slimmed: bool = False) -> None:
+        """A Node as the API shows it; `slimmed`: already `reconcile.slim_node`, kept as it is."""
         name = rc.node_name(node)
         if not rc.is_gpu_node(node):
             self.delete_node(name)
             return
-        slim = rc.slim_node(node)
+        slim = node if slimmed else rc.slim_node(node)
         old = self.nodes.get(name)
         if old == slim:
             return  # a heartbeat or status update: nothing reconcile reads
@@ -79,12 +88,14 @@ class ClusterState:
             self._built.pop(name, None)
             self._rebuild.add(name)
 
-    def set_pod(self, pod: rc.Obj) -> None:
+    def set_pod(self, pod: rc.Obj, *, slimmed: bool = False) -> None:
+        """A Pod as the API shows it; `slimmed`: already `reconcile.slim_pod`, kept as it is (the
+        informers slim each page as it arrives: slimming again would hold two copies at once)."""
         key = rc.pod_key(pod)
         if not rc.may_hold_gpu(pod):
             self.delete_pod(key)
             return
-        slim = rc.slim_pod(pod)
+        slim = pod if slimmed else rc.slim_pod(pod)
         target = str(rc.pod_node(slim))
         before = self._pod_node.get(key)
         if before == target and self.pods[target].get(key) == slim:
@@ -105,20 +116,20 @@ class ClusterState:
             del self.pods[node]
         self._stale.add(node)
 
-    def reset_nodes(self, nodes: Iterable[rc.Obj]) -> None:
+    def reset_nodes(self, nodes: Iterable[rc.Obj], *, slimmed: bool = False) -> None:
         """The full list (first sync, or after 410 Gone): only real differences cost anything."""
         seen = set()
         for node in nodes:
             seen.add(rc.node_name(node))
-            self.set_node(node)
+            self.set_node(node, slimmed=slimmed)
         for name in set(self.nodes) - seen:
             self.delete_node(name)
 
-    def reset_pods(self, pods: Iterable[rc.Obj]) -> None:
+    def reset_pods(self, pods: Iterable[rc.Obj], *, slimmed: bool = False) -> None:
         seen = set()
         for pod in pods:
             seen.add(rc.pod_key(pod))
-            self.set_pod(pod)
+            self.set_pod(pod, slimmed=slimmed)
         for key in set(self._pod_node) - seen:
             self.delete_pod(key)
 
@@ -173,32 +184,43 @@ class ClusterState:
             self.warnings.pop(name)
         else:
             self._computed[name] = result
-        ids = tuple(_ids(result)) if isinstance(result, NodeTopology) else ()
-        old = self._node_ids.get(name, ())
+        ids = _id_set(result) if isinstance(result, NodeTopology) else frozenset()
+        old = self._node_ids.get(name, frozenset())
         if ids == old:
             return set()
-        self._node_ids[name] = ids
+        if ids:
+            self._node_ids[name] = ids
+        else:
+            self._node_ids.pop(name, None)
         affected: set[str] = set()
-        for _, uid in old:
-            claimants = self._claims.get(uid, set())
-            claimants.discard(name)
+        for uid in old - ids:
+            claimants = self._claimants(uid) - {name}
             affected |= claimants
-            if not claimants:
-                self._claims.pop(uid, None)
-        for _, uid in ids:
-            claimants = self._claims.setdefault(uid, set())
+            self._set_claimants(uid, claimants)
+        for uid in ids - old:
+            claimants = self._claimants(uid)
             affected |= claimants
-            claimants.add(name)
-        if not ids:
-            del self._node_ids[name]
+            self._set_claimants(uid, claimants | {name})
         return affected
+
+    def _claimants(self, uid: str) -> set[str]:
+        found = self._claims.get(uid)
+        return set() if found is None else {found} if isinstance(found, str) else set(found)
+
+    def _set_claimants(self, uid: str, nodes: set[str]) -> None:
+        if not nodes:
+            self._claims.pop(uid, None)
+        else:
+            self._claims[uid] = next(iter(nodes)) if len(nodes) == 1 else nodes
 
     def _judge(self, name: str) -> NodeResult | None:
         computed = self._computed.get(name)
         if not isinstance(computed, NodeTopology):
             return computed
-        for field, uid in self._node_ids.get(name, ()):
-            first = min(self._claims[uid])
+        if not any(isinstance(self._claims.get(uid), set) for uid in self._node_ids.get(name, ())):
+            return computed  # no id of this node is claimed twice: the common case, O(ids)
+        for field, uid in _ids(computed):
+            first = min(self._claimants(uid))
             if first != name:
                 return Unreadable(
                     TopologyError(f"node {name}", field, f"duplicate id {uid} (also node {first})")

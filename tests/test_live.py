@@ -390,7 +390,9 @@ def test_bad_pods_never_stop_writes_and_a_reapplied_seed_is_repaired(strict: Dae
 
     # Someone else writes the ConfigMap (single: `kubectl apply -k deploy/` puts the empty seed
     # back): the leader notices and rewrites it.
-    seed = yaml.safe_load((ROOT / "deploy" / "single-layout" / "topology-configmap.yaml").read_text())
+    seed = yaml.safe_load(
+        (ROOT / "deploy" / "single-layout" / "topology-configmap.yaml").read_text()
+    )
     kube.patch("configmaps", strict.configmap, {"data": seed["data"]}, namespace=NS)
     assert topology(strict)["nodes"] in ({}, None)
     eventually(lambda: len(mig_devices(strict) or []) == 4, timeout=10)
