@@ -8,6 +8,7 @@ Objects travel as plain JSON dicts (what `kubectl get -o json` shows), the form 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -125,11 +126,24 @@ def list_all(
             _preload_content=False,
             _request_timeout=REQUEST_TIMEOUT,
         )
-        body = json.loads(response.data)
-        items += [transform(i) for i in body.get("items") or [] if isinstance(i, dict)]
+        # A page is tens of thousands of new containers at once, and what a big list keeps lives
+        # long: the cyclic collector would run again and again over both (a 160,000-pod list
+        # spent 64 of its 117 s collecting, BENCHMARKS.md). So it waits while a page is read,
+        # and what is kept leaves its passes; reference counting still frees all of it.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            body = json.loads(response.data)
+            items += [transform(i) for i in body.get("items") or [] if isinstance(i, dict)]
+        finally:
+            if collecting:
+                gc.enable()
         token = (body.get("metadata") or {}).get("continue") or None
+        version = _version(body)
+        del body, response
+        gc.freeze()
         if token is None:
-            return items, _version(body)
+            return items, version
 
 
 def list_watch(
