@@ -18,15 +18,16 @@ by a Running pod (5,000 nodes: 160,000 pods). One run prints one line per figure
 4. updater memory, in a fresh subprocess: realistic Node and Pod JSON (managedFields, status,
    last-applied-configuration, ...) listed in pages of 500 through `kube.api.list_all` exactly as
    the controller lists them (slimmed as each page arrives), settled, every document made; VmRSS
-   after gc and the peak. Then again with the raw objects kept, as a cache of whole objects would.
-   The same subprocess times that realistic initial sync (JSON parsing included).
+   after gc and the peak (VmHWM). Then again with the raw objects kept, as a cache of whole
+   objects would. The same subprocess times that realistic initial sync (JSON parsing included).
 5. many-nodes exporter with --exporter-nodes nodes: one node changes -> its ConfigMap parsed,
    `update_source`, `render()` (p50, p99 of --changes); scraping the whole `/metrics` body from
    `MetricsServer` beside prometheus_client serving a collector that builds the families of every
    node on each scrape (p50, p99 of --scrapes, loopback).
 
 Benchmarks are not timed tests: `tests/test_bench.py` runs a tiny size and only checks that every
-figure is printed.
+figure is printed. Lines saying "not a figure" only tell where the time went (garbage collection,
+the kinds of pod event).
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ import math
 import os
 import platform
 import random
-import resource
 import statistics
 import subprocess
 import sys
@@ -132,8 +132,39 @@ def pct(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
+class GcClock:
+    """The time Python's cyclic garbage collector takes, collection by collection (gc.callbacks).
+
+    Not a tuning: the collector runs as it would in the updater; this only says where time went.
+    """
+
+    def __init__(self) -> None:
+        self.total = 0.0  # seconds
+        self.full = 0  # generation-2 collections
+        self.count = 0
+        self._start = 0.0
+        gc.callbacks.append(self)
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        self.total += time.perf_counter() - self._start
+        self.count += 1
+        self.full += info["generation"] == 2
+
+
+GC = GcClock()
+
+
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
+
+
+def load() -> str:
+    """The load average: other work on the machine shows here and in the tails."""
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
 
 
 def machine() -> str:
@@ -164,8 +195,10 @@ def node_document(state: ClusterState, name: str) -> tuple[str, str]:
 
 def per_node_sync(
     nodes: list[dict[str, Any]], pods: list[dict[str, Any]]
-) -> tuple[ClusterState, Docs, float, float]:
-    """(state, every node's document, seconds to settle, seconds to make the documents)."""
+) -> tuple[ClusterState, Docs, float, float, float]:
+    """(state, every node's document, seconds to settle, seconds to make the documents, seconds
+    of garbage collection in both)."""
+    gc_before = GC.total
     start = time.perf_counter()
     state = ClusterState()
     state.reset_nodes(nodes)
@@ -173,17 +206,19 @@ def per_node_sync(
     state.settle()
     settled = time.perf_counter()
     docs = {name: node_document(state, name) for name in sorted(state.results)}
-    return state, docs, settled - start, time.perf_counter() - settled
+    return state, docs, settled - start, time.perf_counter() - settled, GC.total - gc_before
 
 
 def whole_cluster(
     nodes: list[dict[str, Any]], pods: list[dict[str, Any]]
-) -> tuple[str, float, float]:
-    """(the single layout's document, seconds to reconcile, seconds to dump)."""
+) -> tuple[str, float, float, float]:
+    """(the single layout's document, seconds to reconcile, seconds to dump, seconds of garbage
+    collection in both)."""
+    gc_before = GC.total
     (topology, warnings), reconcile_s = timed(lambda: reconcile(nodes, pods))
     assert not warnings, warnings[:3]
     text, dump_s = timed(lambda: dump_yaml(topology))
-    return text, reconcile_s, dump_s
+    return text, reconcile_s, dump_s, GC.total - gc_before
 
 
 # --- 2. pod events -------------------------------------------------------------------------------
@@ -191,12 +226,14 @@ def whole_cluster(
 
 def pod_events(
     state: ClusterState, docs: Docs, pods: list[dict[str, Any]], count: int, rate: float
-) -> tuple[list[float], float]:
-    """Latencies of `count` pod events sent at `rate` per second, and the rate achieved."""
+) -> tuple[list[float], list[float], float]:
+    """Latencies of `count` pod events sent at `rate` per second, the garbage collection inside
+    each, and the rate achieved."""
     rng = random.Random(42)
     by_key = {rc.pod_key(p): p for p in pods}
     keys = list(by_key)
     latencies: list[float] = []
+    collected: list[float] = []
     removed = keys[0]
     start = time.perf_counter()
     for i in range(count):
@@ -224,14 +261,16 @@ def pod_events(
             event = partial(state.set_pod, pod)
             node = str(rc.pod_node(pod))
         old = docs[node][1]
+        gc_before = GC.total
         t0 = time.perf_counter()
         event()
         changed = state.settle()
         for name in changed:
             docs[name] = node_document(state, name)
         latencies.append(time.perf_counter() - t0)
+        collected.append(GC.total - gc_before)
         assert changed == {node} and docs[node][1] != old, (i, changed, node)
-    return latencies, count / (time.perf_counter() - start)
+    return latencies, collected, count / (time.perf_counter() - start)
 
 
 # --- 4. updater memory (a fresh subprocess) --------------------------------------------------------
@@ -463,10 +502,12 @@ def raw_node(n: int, gpus: int) -> dict[str, Any]:
 
 
 def _pager(kind: str, total: int, make: Callable[[int], dict[str, Any]], spent: list[float]) -> Any:
-    """A list call serving `total` objects in pages, as the API does; time spent making them
-    (the API server's work, not the updater's) is added to spent[0], bytes served to spent[1]."""
+    """A list call serving `total` objects in pages, as the API does. The time spent making them
+    (the API server's work, not the updater's) is added to spent[0], bytes served to spent[1], the
+    garbage collection while making them to spent[2]."""
 
     def list_call(*, limit: int, _continue: str | None = None, **_: Any) -> SimpleNamespace:
+        gc_before = GC.total
         t0 = time.perf_counter()
         first = int(_continue or 0)
         last = min(first + limit, total)
@@ -478,6 +519,7 @@ def _pager(kind: str, total: int, make: Callable[[int], dict[str, Any]], spent: 
         data = json.dumps(body, separators=(",", ":")).encode()
         spent[0] += time.perf_counter() - t0
         spent[1] += len(data)
+        spent[2] += GC.total - gc_before
         return SimpleNamespace(data=data)
 
     return list_call
@@ -500,8 +542,9 @@ def memory_child(nodes: int, gpus: int, keep_raw: bool) -> dict[str, Any]:
         g, k = divmod(rest, len(positions))
         return raw_pod(n, g, positions[k])
 
-    node_spent, pod_spent = [0.0, 0], [0.0, 0]
+    node_spent, pod_spent = [0.0, 0, 0.0], [0.0, 0, 0.0]
     keep: Callable[[rc.Obj], Any] = lambda obj: obj  # noqa: E731
+    gc_before = GC.total
     start = time.perf_counter()
     node_items, _ = list_all(
         _pager("Node", nodes, lambda n: raw_node(n, gpus), node_spent),
@@ -511,17 +554,24 @@ def memory_child(nodes: int, gpus: int, keep_raw: bool) -> dict[str, Any]:
     pod_items, _ = list_all(
         _pager("Pod", nodes * per_node, make_pod, pod_spent), {}, keep if keep_raw else rc.slim_pod
     )
+    listed = time.perf_counter()
+    rss_listed = _status_kib("VmRSS:")
     state = ClusterState()
-    state.reset_nodes(node_items)
-    state.reset_pods(pod_items)
+    # As the controller: the informers slimmed each page, the state keeps those objects.
+    state.reset_nodes(node_items, slimmed=True)
+    state.reset_pods(pod_items, slimmed=True)
+    rss_both = _status_kib("VmRSS:")  # the listed objects and the state's own slimmed copies
     kept = (node_items, pod_items) if keep_raw else None
     del node_items, pod_items
     state.settle()
+    settled = time.perf_counter()
     docs = {name: node_document(state, name) for name in sorted(state.results)}
-    sync_s = time.perf_counter() - start - node_spent[0] - pod_spent[0]
+    done = time.perf_counter()
+    gc_s = GC.total - gc_before - node_spent[2] - pod_spent[2]
     gc.collect()
     rss = _status_kib("VmRSS:")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    # VmHWM, not ru_maxrss: a child started by vfork+exec inherits its parent's ru_maxrss.
+    peak = _status_kib("VmHWM:")
     assert len(docs) == nodes and keep_raw == (kept is not None)
     return {
         "baseline_mib": baseline / 1024,
@@ -529,7 +579,13 @@ def memory_child(nodes: int, gpus: int, keep_raw: bool) -> dict[str, Any]:
         "peak_mib": peak / 1024,
         "pod_bytes": pod_spent[1] / max(1, nodes * per_node),
         "node_bytes": node_spent[1] / max(1, nodes),
-        "sync_s": sync_s,
+        "sync_s": done - start - node_spent[0] - pod_spent[0],
+        "list_s": listed - start - node_spent[0] - pod_spent[0],  # JSON parse and slim
+        "settle_s": settled - listed,
+        "docs_s": done - settled,
+        "gc_s": gc_s,  # of all the above
+        "rss_listed_mib": rss_listed / 1024,
+        "rss_both_mib": rss_both / 1024,
         "pods": nodes * per_node,
     }
 
@@ -673,27 +729,29 @@ def main() -> None:
         return
 
     per_node = args.gpus * len(LAYOUT)
-    print(f"# {machine()}")
+    print(f"# {machine()}; load average {load()}")
     print(f"# {args.nodes} nodes x {args.gpus} GPUs x {len(LAYOUT)} instances, "
           f"{args.nodes * per_node} pods; median of {args.runs} runs")  # fmt: skip
     sys.stdout.flush()
 
     # 1. initial sync, both paths, alternating
     nodes, pods = cluster(args.nodes, args.gpus)
-    ours: list[tuple[float, float]] = []
-    theirs: list[tuple[float, float]] = []
+    ours: list[tuple[float, float, float]] = []
+    theirs: list[tuple[float, float, float]] = []
     for _ in range(args.runs):
-        state, docs, settle_s, docs_s = per_node_sync(nodes, pods)
-        ours.append((settle_s, docs_s))
-        whole, reconcile_s, dump_s = whole_cluster(nodes, pods)
-        theirs.append((reconcile_s, dump_s))
+        state, docs, *times = per_node_sync(nodes, pods)
+        ours.append((times[0], times[1], times[2]))
+        whole, *times = whole_cluster(nodes, pods)
+        theirs.append((times[0], times[1], times[2]))
     assert len(docs) == args.nodes
-    total = statistics.median(a + b for a, b in ours)
-    print(f"initial sync: per-node {total:.2f} s (settle {statistics.median(a for a, _ in ours):.2f} s "
-          f"+ {len(docs)} documents {statistics.median(b for _, b in ours):.2f} s); "
-          f"whole-cluster {statistics.median(a + b for a, b in theirs):.2f} s "
-          f"(reconcile {statistics.median(a for a, _ in theirs):.2f} s + dump {statistics.median(b for _, b in theirs):.2f} s); "
-          f"target <= 30 s")  # fmt: skip
+
+    def med(runs: list[tuple[float, float, float]], i: int | None = None) -> float:
+        return statistics.median(r[0] + r[1] if i is None else r[i] for r in runs)
+
+    print(f"initial sync: per-node {med(ours):.2f} s (settle {med(ours, 0):.2f} s + {len(docs)} "
+          f"documents {med(ours, 1):.2f} s; GC {med(ours, 2):.2f} s of it); whole-cluster "
+          f"{med(theirs):.2f} s (reconcile {med(theirs, 0):.2f} s + dump {med(theirs, 1):.2f} s; "
+          f"GC {med(theirs, 2):.2f} s of it); target <= 30 s")  # fmt: skip
 
     # 3. sizes (before the events change anything)
     node_bytes = len(docs[min(docs)][0].encode())
@@ -704,11 +762,23 @@ def main() -> None:
     del whole
     sys.stdout.flush()
 
-    # 2. pod events at a sustained rate, and the whole-cluster path for one event
-    latencies, achieved = pod_events(state, docs, pods, args.events, args.rate)
+    # 2. pod events at a sustained rate, and the whole-cluster path for one event. The controller
+    # freezes what a full list brought in once it has settled it: so does this.
+    gc.freeze()
+    full_before = GC.full
+    latencies, collected, achieved = pod_events(state, docs, pods, args.events, args.rate)
     print(f"pod event -> node document: p50 {ms(pct(latencies, 50))}, p99 {ms(pct(latencies, 99))}, "
           f"max {ms(max(latencies))} over {len(latencies)} events at {achieved:.0f}/s "
           f"(asked {args.rate:.0f}/s); target p99 <= 5 ms")  # fmt: skip
+    quiet = [t for t, c in zip(latencies, collected, strict=True) if c == 0] or [0.0]
+    kinds = zip(
+        ("delete", "add back", "usage change"), (latencies[k::3] for k in range(3)), strict=True
+    )
+    print(f"pod event GC and kinds (where the time goes, not a figure): the collector ran inside "
+          f"{sum(c > 0 for c in collected)} of {len(collected)} events ({GC.full - full_before} full "
+          f"collections during the run), up to {ms(max(collected))} in one; the other events' "
+          f"p99 {ms(pct(quiet, 99))}; p50/p99 by kind: "
+          + ", ".join(f"{k} {ms(pct(t, 50))}/{ms(pct(t, 99))}" for k, t in kinds if t))  # fmt: skip
     sys.stdout.flush()
     one_less = pods[1:]
     whole_event = [sum(whole_cluster(nodes, one_less)[1:]) for _ in range(args.runs)]
@@ -739,13 +809,18 @@ def main() -> None:
           f"(of which {slim['baseline_mib']:.0f} MiB before any object) for {args.nodes} nodes and "
           f"{slim['pods']} pods of {slim['pod_bytes']:.0f} B JSON each (nodes {slim['node_bytes']:.0f} B); "
           f"target <= 1024 MiB")  # fmt: skip
-    print(f"initial sync from realistic objects (JSON parse + slim + settle + documents): "
-          f"{slim['sync_s']:.2f} s; target <= 30 s")  # fmt: skip
+    print(f"initial sync from realistic objects: {slim['sync_s']:.2f} s (JSON parse + slim "
+          f"{slim['list_s']:.2f} s, settle {slim['settle_s']:.2f} s, documents {slim['docs_s']:.2f} s; "
+          f"GC {slim['gc_s']:.2f} s of it); target <= 30 s")  # fmt: skip
+    print(f"updater memory during the initial sync: {slim['rss_listed_mib']:.0f} MiB once listed "
+          f"(slimmed), {slim['rss_both_mib']:.0f} MiB while the state copies the list")  # fmt: skip
     sys.stdout.flush()
     raw = memory(args.nodes, args.gpus, keep_raw=True)
     print(
         f"updater memory, raw objects kept: VmRSS {raw['rss_mib']:.0f} MiB, peak {raw['peak_mib']:.0f} MiB"
     )
+
+    print(f"# load average at the end {load()}")
 
 
 if __name__ == "__main__":
