@@ -386,3 +386,15 @@ def test_lists_come_in_pages_and_the_daemons_read_them_all(
     with pytest.raises(ApiException) as e:
         core.list_node(limit=3, _continue=first.metadata._continue)
     assert e.value.status == 410
+
+
+def test_plain_kmocks_placeholder_is_no_resource_version() -> None:
+    """Plain kmock answers every object with resourceVersion "...": sent back as a precondition
+    or a watch's starting point it means nothing, so the daemons send none (one place decides)."""
+    from kube.api import usable_version
+
+    assert usable_version("...") is None
+    assert usable_version("") is None
+    assert usable_version(None) is None
+    assert usable_version(42) is None  # not a string: not from an API server
+    assert usable_version("1234") == "1234"

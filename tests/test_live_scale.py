@@ -97,7 +97,7 @@ def test_three_hundred_nodes_each_get_their_own_configmap(cluster: Daemons) -> N
     kube.create("configmaps", ghost, namespace=NS)
     legacy = kube.create("configmaps", foreign, namespace=NS)
 
-    cluster.updater()
+    cluster.updater("updater-0", "--resync", "1")  # full comparisons every second, below
     eventually(lambda: len(ours(kube)) == NODES and "topology-ghost" not in ours(kube), timeout=60)
     written = ours(kube)
     assert kube.get("configmaps", "topology-legacy", NS) == legacy
@@ -131,10 +131,10 @@ def test_three_hundred_nodes_each_get_their_own_configmap(cluster: Daemons) -> N
     assert {s.label("UUID") for s in mine} == {gpu_uuid(name(3), g) for g in range(GPUS)}
     assert len(mine) == GPUS * len(LAYOUT)
     assert sorted(s.value for s in mine if s.value > 6) == [1000, 2000]
-    watched = [e.params for e in kube.journal() if e.params.get("watch") == "true"]
-    assert {"fieldSelector": f"metadata.name=topology-{name(3)}"}.items() <= next(
-        p for p in watched if "fieldSelector" in p
-    ).items()
+    # It watches its own ConfigMap only, by name.
+    own_cm = f"metadata.name=topology-{name(3)}"
+    eventually(lambda: any(e.params.get("watch") == "true" and e.params.get("fieldSelector") == own_cm
+                           for e in kube.journal()), timeout=10)  # fmt: skip
     everything = eventually(lambda: len(s := fb_used(every)) == NODES * GPUS * 4 and s, timeout=60)
     assert {s.label("Hostname") for s in everything} == {name(n) for n in range(NODES)}
     assert [s for s in everything if s.label("Hostname") == name(3)] == mine
@@ -146,7 +146,7 @@ def test_three_hundred_nodes_each_get_their_own_configmap(cluster: Daemons) -> N
     kube.delete("pods", "job-42-7-5", namespace="team")
     changed = f"topology-{name(42)}"
     eventually(lambda: ours(kube)[changed]["metadata"]["resourceVersion"] != versions[changed])
-    time.sleep(1.0)  # longer than the coalescing window: any other write would have landed
+    time.sleep(2.5)  # two full resyncs: they compare every node and must rewrite none
     after = {k: cm["metadata"]["resourceVersion"] for k, cm in ours(kube).items()}
     assert {k for k in versions if after[k] != versions[k]} == {changed}
     eventually(
