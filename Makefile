@@ -30,3 +30,4 @@ test: $(VENV)/.installed lint
 # tests/test_bench.py runs it at a tiny size only.
 bench: $(VENV)/.installed
 	$(PY) bench/scale.py --nodes 5000 --gpus 8 --runs 3 --events 2000 --rate 200 --exporter-nodes 1000
+	$(PY) bench/events.py --nodes 5000

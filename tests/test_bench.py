@@ -34,3 +34,14 @@ def test_the_benchmark_prints_every_figure() -> None:
     lines = done.stdout.splitlines()
     for figure in FIGURES:
         assert any(line.startswith(figure) for line in lines), (figure, done.stdout)
+
+
+def test_the_focused_event_benchmark_runs() -> None:
+    events = BENCH.parent / "events.py"
+    args = ["--nodes", "10", "--events", "12"]
+    done = subprocess.run(
+        [sys.executable, str(events), *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    labels = [line.split(":")[0] for line in done.stdout.splitlines()]
+    assert labels == ["paced 200/s", "paced 200/s again", "unpaced"], done.stdout
