@@ -36,6 +36,34 @@ class Profile:
 
 
 @dataclass(frozen=True)
+class Figures:
+    """What a simulated GPU of a model reads: power, clocks and temperatures.
+
+    Power limit and maximum clocks are the datasheet's (SXM form factor where a model has several).
+    Idle figures and temperatures are the A100-40GB dumps' (samples/mig/metrics) and scaled from
+    them for the other models (`source` says which). DCGM holds the SM clock at its maximum while
+    MIG is on, so a MIG-mode GPU idles higher than one with MIG off.
+    """
+
+    idle_power_w: float  # MIG off, nothing running, clocks down
+    mig_idle_power_w: float  # MIG on, nothing running
+    max_power_w: float  # board power limit
+    sm_clock_idle_mhz: int
+    sm_clock_max_mhz: int
+    mem_clock_mhz: int
+    gpu_temp_idle_c: int
+    gpu_temp_max_c: int  # at the power limit
+    memory_temp_offset_c: int  # memory minus GPU temperature
+    source: str
+
+
+# GPUs outside the catalog (no MIG): a generic 300 W data-centre card.
+GENERIC_FIGURES = Figures(
+    50.0, 50.0, 300.0, 300, 1500, 1215, 30, 75, 0, "generic: no model-specific figures"
+)
+
+
+@dataclass(frozen=True)
 class GpuModel:
     """A GPU model and its MIG geometry."""
 
@@ -50,6 +78,7 @@ class GpuModel:
     # Halves swapped: logical start = physical start XOR 4. A per-GPU property; the project's
     # A100-SXM4-40GB sample has it, most H100-class dumps do not (mig-profiles.md section 3).
     swapped_halves: bool = False
+    figures: Figures = GENERIC_FIGURES
     _by_name: dict[str, Profile] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -68,6 +97,11 @@ class GpuModel:
 
     def profile(self, name: str) -> Profile | None:
         return self._by_name.get(name)
+
+    @property
+    def compute_slots(self) -> int:
+        """Compute slices of the whole GPU: those of the profile spanning every memory slice."""
+        return max(p.compute_slices for p in self.profiles)
 
     def gpu_instance_id(self, profile: Profile, position: int) -> int:
         """The GI id the driver gives an instance at `position` (the `GPU_I_ID` label).
@@ -177,6 +211,19 @@ MODELS: tuple[GpuModel, ...] = (
         ),
         dcgm_fb_total_mib=40384,  # the MIG-disabled dump: FB_FREE 40384, FB_USED 0
         swapped_halves=True,  # sample: 2g.10gb@0 -> GI 5, 1g.5gb@4 -> 7, @6 -> 9
+        figures=Figures(
+            46.0,
+            76.0,
+            400.0,
+            210,
+            1410,
+            1215,
+            29,
+            70,
+            -1,
+            "idle, MIG idle, clocks and idle temperatures: the real dumps (driver 520.56.06); "
+            "400 W and 1410 MHz: A100 SXM4 datasheet",
+        ),
     ),
     GpuModel(
         key="A100-80GB",
@@ -196,6 +243,18 @@ MODELS: tuple[GpuModel, ...] = (
             two_slice_1g="1g.20gb",
             two_slice_1g_mib=19968,
         ),
+        figures=Figures(
+            50.0,
+            80.0,
+            400.0,
+            210,
+            1410,
+            1593,
+            30,
+            70,
+            -1,
+            "A100 80GB SXM4 datasheet (400 W, 1410 MHz, HBM2e 1593 MHz); idle scaled from A100-40GB",
+        ),
     ),
     GpuModel(
         key="A30-24GB",
@@ -208,6 +267,18 @@ MODELS: tuple[GpuModel, ...] = (
             _p("1g.6gb+me", 21, 1, 1, 5952, slots=4),
             _p("2g.12gb", 5, 2, 2, 11968, slots=4),
             _p("4g.24gb", 0, 4, 4, 24064, slots=4),
+        ),
+        figures=Figures(
+            30.0,
+            45.0,
+            165.0,
+            210,
+            1440,
+            1215,
+            30,
+            70,
+            -1,
+            "A30 datasheet (165 W, 1440 MHz boost, HBM2 1215 MHz); idle scaled from A100-40GB",
         ),
     ),
     GpuModel(
@@ -228,6 +299,18 @@ MODELS: tuple[GpuModel, ...] = (
             two_slice_1g="1g.20gb",
             two_slice_1g_mib=20096,
         ),
+        figures=Figures(
+            70.0,
+            115.0,
+            700.0,
+            345,
+            1980,
+            2619,
+            30,
+            72,
+            2,
+            "H100 SXM5 datasheet (700 W, 1980 MHz, HBM3 2619 MHz); idle scaled from A100-40GB",
+        ),
     ),
     GpuModel(
         key="H100-NVL-94GB",
@@ -246,6 +329,18 @@ MODELS: tuple[GpuModel, ...] = (
             94848,
             two_slice_1g="1g.24gb",
             two_slice_1g_mib=22016,
+        ),
+        figures=Figures(
+            60.0,
+            95.0,
+            400.0,
+            345,
+            1785,
+            2619,
+            30,
+            72,
+            2,
+            "H100 NVL datasheet (400 W, 1785 MHz, HBM3 2619 MHz); idle scaled from A100-40GB",
         ),
     ),
     GpuModel(
@@ -266,6 +361,18 @@ MODELS: tuple[GpuModel, ...] = (
             two_slice_1g="1g.24gb",
             two_slice_1g_mib=23552,
         ),
+        figures=Figures(
+            70.0,
+            115.0,
+            700.0,
+            345,
+            1980,
+            2619,
+            30,
+            72,
+            2,
+            "H100 96GB / GH200 GPU: H100 SXM5 figures (700 W, 1980 MHz); idle scaled from A100-40GB",
+        ),
     ),
     GpuModel(
         key="H200-141GB",
@@ -284,6 +391,18 @@ MODELS: tuple[GpuModel, ...] = (
             143104,
             two_slice_1g="1g.35gb",
             two_slice_1g_mib=33024,
+        ),
+        figures=Figures(
+            75.0,
+            120.0,
+            700.0,
+            345,
+            1980,
+            3201,
+            30,
+            72,
+            2,
+            "H200 SXM datasheet (700 W, 1980 MHz, HBM3e 3201 MHz); idle scaled from A100-40GB",
         ),
     ),
     GpuModel(
@@ -304,6 +423,18 @@ MODELS: tuple[GpuModel, ...] = (
             181248,
             two_slice_1g="1g.45gb",
             two_slice_1g_mib=45312,
+        ),
+        figures=Figures(
+            120.0,
+            180.0,
+            1000.0,
+            345,
+            1965,
+            3996,
+            30,
+            75,
+            2,
+            "B200 HGX (1000 W, 1965 MHz, HBM3e 3996 MHz; inferred); idle scaled from A100-40GB",
         ),
     ),
 )
