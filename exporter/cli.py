@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from exporter import dcgm
+from exporter.fields import CountersError, read_counters
 from exporter.many import NodesExporter
 from exporter.server import MetricsServer, Published
 from exporter.service import Exporter, Sink, follow_file, read_topology_file
@@ -73,6 +74,22 @@ def parser() -> argparse.ArgumentParser:
         "--hostname",
         default=os.environ.get("EXPORTER_HOSTNAME") or socket.gethostname(),
         help="Hostname label (env EXPORTER_HOSTNAME, default this host's name)",
+    )
+    p.add_argument(
+        "-f",
+        "--collectors",
+        type=Path,
+        metavar="FILE",
+        default=os.environ.get("DCGM_EXPORTER_COLLECTORS") or None,
+        help="counters CSV in dcgm-exporter's format: the fields to serve, their order and help "
+        "(env DCGM_EXPORTER_COLLECTORS; default: the fields of the real dumps)",
+    )
+    p.add_argument(
+        "--mig-pod-labels",
+        action="store_true",
+        default=os.environ.get("MIG_POD_LABELS", "").lower() in ("1", "true", "yes"),
+        help="name the pod holding each MIG instance in container/namespace/pod (env "
+        "MIG_POD_LABELS=true); off by default, as run:ai dynamic MIG leaves them empty",
     )
     p.add_argument(
         "--kubeconfig",
@@ -187,7 +204,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--node-selector goes with --all-nodes")
     if args.node_selector and args.topology_file is not None:
         p.error("--node-selector reads Node labels from the cluster: not with --topology-file")
-    options = dcgm.Options(hostname=args.hostname, driver_version=args.driver_version)
+    try:
+        counters = read_counters(args.collectors) if args.collectors else dcgm.default_counters()
+    except CountersError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    options = dcgm.Options(
+        hostname=args.hostname,
+        driver_version=args.driver_version,
+        counters=counters,
+        mig_pod_labels=args.mig_pod_labels,
+    )
     try:
         if args.once:
             return _once(args, options)

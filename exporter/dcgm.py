@@ -1,11 +1,12 @@
 """The series a real dcgm-exporter serves for one node, built from a topology snapshot.
 
-Pure: `families(node, options, now)` -> metric families; `fragments` -> each family's series lines
-of one node; `join` -> the bytes of `/metrics` for one node or many (the series of a family stay
-together, under one HELP and TYPE). They run once per change of the snapshot (and on the
-utilization tick, for nodes whose values move in time), never per scrape.
+Pure but for the energy counter: `families(node, options, now)` -> metric families;
+`fragments` -> each family's series lines of one node; `join` -> the bytes of `/metrics` for one
+node or many (the series of a family stay together, under one HELP and TYPE). They run once per
+change of the snapshot and once per collection step (values move in time), never per scrape.
 
-On a dynamic-MIG node (the real dumps in samples/mig/):
+Families, their order, type and help come from the counters CSV (fields.py); values from
+readings.py. On a dynamic-MIG node (the real dumps in samples/mig/metrics/):
 
     # HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).
     # TYPE DCGM_FI_DEV_FB_FREE gauge
@@ -13,8 +14,10 @@ On a dynamic-MIG node (the real dumps in samples/mig/):
       GPU_I_PROFILE="1g.5gb",GPU_I_ID="7",Hostname="…",DCGM_FI_DRIVER_VERSION="520.56.06",
       container="",namespace="",pod=""} 4766
 
-one series per MIG instance, no DCGM_FI_DEV_GPU_UTIL, pod labels empty. On other GPUs:
-DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_FREE and DCGM_FI_DEV_FB_USED per GPU, with the pod that holds it.
+one series per MIG instance, no utilization fields, pod labels empty (unless `mig_pod_labels`).
+A GPU with MIG off has one series per field with the pod that holds it; a GPU with MIG on and no
+instance has its GPU-level series only. Integers print without a decimal point, DCGM's doubles
+with six decimals, as dcgm-exporter prints them.
 """
 
 from __future__ import annotations
@@ -22,37 +25,44 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
+from exporter import readings
+from exporter.fields import DEFAULT_COUNTERS, EMPTY, GPU, MIG, Counter, Counters, read_counters
+from exporter.readings import EnergyMeter, Reading
 from topology.catalog import GpuModel, model_for_product, nvml_model_name
-from topology.model import DeviceStatus, Gpu, MigDevice, NodeTopology
+from topology.model import Gpu, MigDevice, NodeTopology
 
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 FB_FREE = "DCGM_FI_DEV_FB_FREE"
 FB_USED = "DCGM_FI_DEV_FB_USED"
-HELP = {
-    GPU_UTIL: "GPU utilization (in %).",
-    FB_FREE: "Framebuffer memory free (in MiB).",
-    FB_USED: "Framebuffer memory used (in MiB).",
-}
-MIG_LABELS = (
-    "gpu", "UUID", "device", "modelName", "GPU_I_PROFILE", "GPU_I_ID", "Hostname",
-    "DCGM_FI_DRIVER_VERSION", "container", "namespace", "pod",
-)  # fmt: skip
-ORDER = (GPU_UTIL, FB_FREE, FB_USED)  # dcgm-exporter's family order
-GPU_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "container", "namespace", "pod")
 DEFAULT_DRIVER_VERSION = "520.56.06"
-# An instance nobody uses: what the A100-40GB dump `idle-1g.5gb-allocated` shows, FB_USED 6 and
-# FB_FREE 4857 of 4864 MiB. DCGM floors used and free bytes separately, so their sum is a MiB short.
-MIG_IDLE_FB_USED_MIB = 6
-MIG_IDLE_ROUNDING_MIB = 1
-# Simulated utilization is redrawn in steps of this many seconds (deterministic per pod and step).
-UTILIZATION_STEP_S = 10
+UTILIZATION_STEP_S = readings.STEP_S
+# Readings that do not move with the clock: a node serving only these renders once per change.
+_STILL = frozenset(
+    {"zero", "mem_clock", "power_limit", "fb_used", "fb_free", "fb_reserved", "fb_total"}
+)
+
+
+def until_next_step(now: float) -> float:
+    """Seconds to the next collection: values are sampled on step boundaries."""
+    return UTILIZATION_STEP_S - now % UTILIZATION_STEP_S + 0.001
+
+
+@lru_cache(maxsize=1)
+def default_counters() -> Counters:
+    return read_counters(DEFAULT_COUNTERS)
 
 
 @dataclass(frozen=True)
 class Options:
     hostname: str
     driver_version: str = DEFAULT_DRIVER_VERSION
+    counters: Counters = field(default_factory=default_counters)
+    # Name the pod holding each MIG instance, as dcgm-exporter does where the kubelet knows it.
+    # Off by default: run:ai's dynamic MIG leaves them empty, as the real dumps show.
+    mig_pod_labels: bool = False
+    energy: EnergyMeter = field(default_factory=EnergyMeter, compare=False, repr=False)
 
 
 Labels = tuple[tuple[str, str], ...]  # (name, value) in dcgm-exporter's order
@@ -60,43 +70,16 @@ Labels = tuple[tuple[str, str], ...]  # (name, value) in dcgm-exporter's order
 
 @dataclass(frozen=True)
 class Family:
-    name: str
-    samples: list[tuple[Labels, int]] = field(default_factory=list)
+    counter: Counter
+    samples: list[tuple[Labels, int | float]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.counter.name
 
     @property
     def help(self) -> str:
-        return HELP[self.name]
-
-
-def utilization(status: DeviceStatus | None, now: float) -> int:
-    """Percent busy at time `now`: each pod draws from its range, the same value all step long."""
-    if status is None or not status.pod_gpu_usage_status:
-        return 0
-    step = int(now // UTILIZATION_STEP_S)
-    total = 0
-    for uid, usage in sorted(status.pod_gpu_usage_status.items()):
-        lo, hi = usage.utilization.min, usage.utilization.max
-        digest = hashlib.blake2b(f"{uid}/{step}".encode(), digest_size=8).digest()
-        total += lo + round((hi - lo) * int.from_bytes(digest) / 2**64)
-    return min(total, 100)
-
-
-def _fb_used(status: DeviceStatus | None, fb_total: int) -> int:
-    if status is None:
-        return 0
-    return min(sum(u.fb_used for u in status.pod_gpu_usage_status.values()), fb_total)
-
-
-def _mig_fb(model: GpuModel, dev: MigDevice) -> tuple[int, int]:
-    """(used, free) of one instance in MiB."""
-    profile = model.profile(dev.name)
-    if profile is None:  # validation keeps these out; stay total anyway
-        return 0, 0
-    used = _fb_used(dev.status, profile.fb_total_mib)
-    if used == 0:
-        used = MIG_IDLE_FB_USED_MIB
-        return used, profile.memory_mib - used - MIG_IDLE_ROUNDING_MIB
-    return used, profile.fb_total_mib - used
+        return self.counter.help
 
 
 def _mig_order(model: GpuModel, dev: MigDevice) -> tuple[int, int]:
@@ -105,86 +88,146 @@ def _mig_order(model: GpuModel, dev: MigDevice) -> tuple[int, int]:
     return (profile.memory_slices if profile else 0, dev.position)
 
 
-def families(node: NodeTopology, options: Options, now: float) -> list[Family]:
-    """DCGM series of one node's GPUs at time `now` (seconds since the epoch)."""
+def nvml_version(driver: str) -> str:
+    """NVML's version string: the CUDA major version the driver ships, then the driver's."""
+    major = driver.split(".", 1)[0]
+    cuda = (
+        13
+        if major.isdigit() and int(major) >= 580
+        else 12
+        if major.isdigit() and int(major) >= 525
+        else 11
+    )
+    return f"{cuda}.{driver}"
+
+
+def _serial(gpu: Gpu) -> str:
+    return str(int.from_bytes(hashlib.blake2b(gpu.id.encode(), digest_size=8).digest()) % 10**13)
+
+
+def _label_value(name: str, options: Options, gpu: Gpu) -> str:
+    if name == "DCGM_FI_DRIVER_VERSION":
+        return options.driver_version
+    if name == "DCGM_FI_NVML_VERSION":
+        return nvml_version(options.driver_version)
+    if name == "DCGM_FI_DEV_BRAND":
+        return "NVIDIA"
+    return _serial(gpu)  # DCGM_FI_DEV_SERIAL
+
+
+def _label_fields(options: Options, gpu: Gpu) -> Labels:
+    return tuple((name, _label_value(name, options, gpu)) for name in options.counters.labels)
+
+
+def _holder(status: object) -> tuple[tuple[str, str], ...]:
+    """container, namespace, pod of the pod holding a device (empty when free)."""
+    a = getattr(status, "allocated_by", None)
+    values = (a.container, a.namespace, a.pod) if a else ("", "", "")
+    return tuple(zip(("container", "namespace", "pod"), values, strict=True))
+
+
+def entities(node: NodeTopology, options: Options, now: float) -> list[tuple[str, Labels, Reading]]:
+    """Every series subject of the node in dcgm-exporter's order: (kind, labels, reading)."""
     model = model_for_product(node.gpu_product)
     model_name = nvml_model_name(node.gpu_product)
-    util, free, used = Family(GPU_UTIL), Family(FB_FREE), Family(FB_USED)
+    host = (("Hostname", options.hostname),)
+    out: list[tuple[str, Labels, Reading]] = []
     for index, gpu in enumerate(node.gpus):
-        base = (str(index), gpu.id, f"nvidia{index}", model_name)
-        if gpu.mig_devices is not None and model is not None:
-            for dev in sorted(gpu.mig_devices, key=lambda d: _mig_order(model, d)):
-                values = (
-                    *base, dev.name, str(dev.gpu_instance_id), options.hostname,
-                    options.driver_version, "", "", "",
-                )  # fmt: skip
-                labels = tuple(zip(MIG_LABELS, values, strict=True))
-                fb_used, fb_free = _mig_fb(model, dev)
-                used.samples.append((labels, fb_used))
-                free.samples.append((labels, fb_free))
-            continue
-        total = model.fb_total_mib if model else node.gpu_memory
-        gpu_used = _fb_used(gpu.status, total)
-        labels = tuple(zip(GPU_LABELS, (*base, options.hostname, *_holder(gpu)), strict=True))
-        util.samples.append((labels, utilization(gpu.status, now)))
-        used.samples.append((labels, gpu_used))
-        free.samples.append((labels, total - gpu_used))
-    return [f for f in (util, free, used) if f.samples]
+        base = (("gpu", str(index)), ("UUID", gpu.id), ("device", f"nvidia{index}"),
+                ("modelName", model_name))  # fmt: skip
+        extra = _label_fields(options, gpu)
+        mig = gpu.mig_devices is not None and model is not None
+        instances: tuple[MigDevice, ...] = ()
+        if mig and model is not None and gpu.mig_devices:
+            instances = tuple(sorted(gpu.mig_devices, key=lambda d: _mig_order(model, d)))
+        reading, per_instance = readings.read_gpu(
+            gpu, model, node.gpu_memory, now, options.energy, instances
+        )
+        if not mig:
+            out.append((GPU, base + host + extra + _holder(gpu.status), reading))
+        elif not instances:
+            out.append((EMPTY, base + host + extra + _holder(None), reading))
+        for dev, r in zip(instances, per_instance, strict=True):
+            mig_labels = (("GPU_I_PROFILE", dev.name), ("GPU_I_ID", str(dev.gpu_instance_id)))
+            holder = _holder(dev.status if options.mig_pod_labels else None)
+            out.append((MIG, base + mig_labels + host + extra + holder, r))
+    return out
 
 
-def _holder(gpu: Gpu) -> tuple[str, str, str]:
-    """container, namespace, pod of the pod holding a whole GPU (empty when free)."""
-    a = gpu.status.allocated_by if gpu.status else None
-    return (a.container, a.namespace, a.pod) if a else ("", "", "")
+def families(node: NodeTopology, options: Options, now: float) -> list[Family]:
+    """DCGM series of one node's GPUs at time `now` (seconds since the epoch)."""
+    subjects = entities(node, options, now)
+    out = []
+    for counter in options.counters.metrics:
+        f = counter.field
+        fam = Family(counter)
+        for kind, labels, reading in subjects:
+            if kind in f.where:
+                fam.samples.append((labels, getattr(reading, f.reading)))
+        if fam.samples:
+            out.append(fam)
+    return out
 
 
-def moves_in_time(node: NodeTopology) -> bool:
-    """Whether the node's values change with the clock: whole GPUs in use show utilization."""
-    return any(
-        gpu.mig_devices is None and gpu.status is not None and gpu.status.pod_gpu_usage_status
-        for gpu in node.gpus
-    )
+def moves_in_time(node: NodeTopology, counters: Counters | None = None) -> bool:
+    """Whether the node's values change with the clock (power, energy, activity ...)."""
+    selected = (counters or default_counters()).metrics
+    return bool(node.gpus) and any(c.field.reading not in _STILL for c in selected)
 
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _series(f: Family) -> bytes:
-    lines = []
-    for labels, value in f.samples:
-        text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-        lines.append(f"{f.name}{{{text}}} {value}\n")
-    return "".join(lines).encode()
+def value_text(value: float, decimal: bool) -> str:
+    """As dcgm-exporter prints a field: an integer bare, a double with six decimals."""
+    return f"{value:.6f}" if decimal else str(int(value))
 
 
 def fragments(node: NodeTopology, options: Options, now: float) -> dict[str, bytes]:
     """The series lines of one node, per family: what `join` puts together."""
-    return {f.name: _series(f) for f in families(node, options, now)}
+    subjects = [
+        (kind, ",".join(f'{k}="{_escape(v)}"' for k, v in labels), reading)
+        for kind, labels, reading in entities(node, options, now)
+    ]
+    out: dict[str, bytes] = {}
+    for counter in options.counters.metrics:
+        f = counter.field
+        lines = [
+            f"{f.name}{{{text}}} {value_text(getattr(reading, f.reading), f.decimal)}\n"
+            for kind, text, reading in subjects
+            if kind in f.where
+        ]
+        if lines:
+            out[f.name] = "".join(lines).encode()
+    return out
 
 
-_HEADERS = {name: f"# HELP {name} {HELP[name]}\n# TYPE {name} gauge\n".encode() for name in ORDER}
+@lru_cache(maxsize=8)
+def _headers(counters: Counters) -> tuple[tuple[str, bytes], ...]:
+    return tuple(
+        (c.name, f"# HELP {c.name} {c.help}\n# TYPE {c.name} {c.type}\n".encode())
+        for c in counters.metrics
+    )
 
 
-def join(parts: Iterable[Mapping[str, bytes]]) -> bytes:
-    """Prometheus text format as dcgm-exporter writes it: integers print without a decimal point.
+def join(parts: Iterable[Mapping[str, bytes]], counters: Counters | None = None) -> bytes:
+    """Prometheus text format as dcgm-exporter writes it.
 
-    `parts` are `fragments` of one or more nodes; each family is written once, its series in
-    the order of `parts`.
+    `parts` are `fragments` of one or more nodes; each family is written once, in the counters'
+    order, its series in the order of `parts`.
     """
     parts = list(parts)
     out: list[bytes] = []
-    for name in ORDER:
+    for name, header in _headers(counters or default_counters()):
         chunks = [p[name] for p in parts if p.get(name)]
         if chunks:
-            out.append(_HEADERS[name])
+            out.append(header)
             out += chunks
     return b"".join(out)
 
 
-def exposition(fams: Iterable[Family]) -> bytes:
-    return join([{f.name: _series(f) for f in fams}])
-
-
 def render(node: NodeTopology | None, options: Options, now: float) -> bytes:
-    return b"" if node is None else join([fragments(node, options, now)])
+    if node is None:
+        return b""
+    return join([fragments(node, options, now)], options.counters)

@@ -2,8 +2,8 @@
 
 Each node's series are rendered on their own, with `Hostname` = the node name, and kept as
 per-family fragments; `/metrics` is their join (dcgm.join), so a change to one node re-renders
-only that node and then joins bytes. Nodes whose values move in time (whole GPUs in use) are
-re-rendered on each utilization step; the others only when their topology changes.
+only that node and then joins bytes. Nodes whose values move in time (power, energy, activity: any GPU) are
+re-rendered on each collection step; the others only when their topology changes.
 
 Sources are named (a per-node ConfigMap, or the one document of a file or of the single layout);
 each holds the nodes it lists. A source that turns invalid keeps its nodes' last good series, and
@@ -148,8 +148,9 @@ class NodesExporter:
                 self._moving.discard(name)
                 continue
             self._parts[name] = dcgm.fragments(node, replace(self.options, hostname=name), now)
-            (self._moving.add if dcgm.moves_in_time(node) else self._moving.discard)(name)
-        body = dcgm.join(self._parts[name] for name in sorted(self._parts))
+            moving = dcgm.moves_in_time(node, self.options.counters)
+            (self._moving.add if moving else self._moving.discard)(name)
+        body = dcgm.join((self._parts[name] for name in sorted(self._parts)), self.options.counters)
         if not problems:
             return Snapshot(body, True, "ok")
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
@@ -159,4 +160,4 @@ class NodesExporter:
         while not stop.is_set():
             self.wake.clear()
             self.published.publish(self.render())
-            self.wake.wait(dcgm.UTILIZATION_STEP_S)
+            self.wake.wait(dcgm.until_next_step(self.clock()))

@@ -79,7 +79,7 @@ class Exporter:
         while not stop.is_set():
             self.wake.clear()
             self.published.publish(self.snapshot())
-            self.wake.wait(dcgm.UTILIZATION_STEP_S)
+            self.wake.wait(dcgm.until_next_step(self.clock()))
 
 
 def read_topology_file(path: Path) -> Topology:

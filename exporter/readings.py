@@ -1,0 +1,213 @@
+"""Simulated readings of a node's GPUs at one collection: what DCGM would read from the hardware.
+
+Deterministic for a topology and a time: values are sampled once per collection step
+(`STEP_S`), every pod's utilization is drawn from its range by a hash of its uid and the step, and
+everything else follows from that:
+
+- activity (`PROF_GR_ENGINE_ACTIVE`) of an instance or whole GPU is its pods' utilization;
+- the GPU's load is its instances' activity weighted by their compute slices (a fully busy 1g
+  instance is 1/7 of an A100), or the whole GPU's utilization;
+- power = the idle power of the GPU's mode + (power limit - idle) x load; temperatures follow
+  power; the SM clock drops to idle only on an idle GPU with MIG off (DCGM shows it held at its
+  maximum in MIG mode); the per-model figures are `catalog.Figures`;
+- DRAM and pipe activity are fixed shares of activity, `MEM_COPY_UTIL` is DRAM activity in %;
+- the energy counter integrates power over time (`EnergyMeter`).
+An idle GPU therefore reads ~0 activity and its idle power, as the real idle dumps do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+
+from topology.catalog import GENERIC_FIGURES, Figures, GpuModel
+from topology.model import DeviceStatus, Gpu, MigDevice
+
+STEP_S = 10  # simulated values are sampled (and utilization redrawn) every this many seconds
+# An instance nobody uses: what the A100-40GB dump `idle-1g.5gb-allocated` shows, FB_USED 6 and
+# FB_FREE 4857 of 4864 MiB. DCGM floors used and free bytes separately, so their sum is a MiB short.
+MIG_IDLE_FB_USED_MIB = 6
+MIG_IDLE_ROUNDING_MIB = 1
+# Shares of activity, near the active dump's (DRAM 0.62 at 1.0 activity).
+DRAM_SHARE, TENSOR_SHARE, SM_SHARE, OCCUPANCY_SHARE = 0.62, 0.25, 0.95, 0.45
+FP64_SHARE, FP32_SHARE, FP16_SHARE = 0.05, 0.35, 0.15
+# PCIe traffic in bytes/s: the idle dump's order of magnitude, plus what a busy GPU moves.
+PCIE_IDLE_TX, PCIE_IDLE_RX, PCIE_BUSY_TX, PCIE_BUSY_RX = (
+    16_000,
+    12_000,
+    2_000_000_000,
+    4_000_000_000,
+)
+# A counter "since boot" needs a boot: a fixed time per GPU (in the 30 days from 2025-01-01 UTC).
+BOOT_EPOCH_S, BOOT_SPREAD_S = 1_735_689_600, 30 * 86_400
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One series subject's values: a whole GPU, a MIG instance, or a MIG GPU without instances."""
+
+    sm_clock: int
+    mem_clock: int
+    gpu_temp: int
+    memory_temp: int
+    power: float
+    power_limit: float
+    energy: int
+    gpu_util: int
+    mem_copy_util: int
+    activity: float
+    sm_active: float
+    sm_occupancy: float
+    tensor: float
+    fp64: float
+    fp32: float
+    fp16: float
+    dram: float
+    fb_used: int
+    fb_free: int
+    fb_reserved: int
+    fb_total: int
+    pcie_tx: int
+    pcie_rx: int
+    zero: int = 0
+
+
+def step_of(now: float) -> int:
+    return int(now // STEP_S)
+
+
+def _draw(key: str) -> float:
+    """A number in [0, 1) fixed by `key`."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest()) / 2**64
+
+
+def utilization(status: DeviceStatus | None, now: float) -> int:
+    """Percent busy at time `now`: each pod draws from its range, the same value all step long."""
+    if status is None or not status.pod_gpu_usage_status:
+        return 0
+    step = step_of(now)
+    total = 0
+    for uid, usage in sorted(status.pod_gpu_usage_status.items()):
+        lo, hi = usage.utilization.min, usage.utilization.max
+        total += lo + round((hi - lo) * _draw(f"{uid}/{step}"))
+    return min(total, 100)
+
+
+def fb_used(status: DeviceStatus | None, fb_total: int) -> int:
+    if status is None:
+        return 0
+    return min(sum(u.fb_used for u in status.pod_gpu_usage_status.values()), fb_total)
+
+
+class EnergyMeter:
+    """`TOTAL_ENERGY_CONSUMPTION` of each GPU: a counter that never goes back.
+
+    Within a process it integrates each step's power exactly, so its rate is the power series.
+    A process does not know what the GPU drew before it started, so it starts each GPU at the most
+    the GPU can have drawn since its boot (the power limit all along). Any earlier process's
+    count is at most that, so the counter never decreases across restarts; it only jumps up.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._gpus: dict[str, tuple[float, float, float]] = {}  # id -> (time, mJ, W since)
+
+    def read(self, gpu_id: str, at: float, power_w: float, limit_w: float) -> int:
+        with self._lock:
+            last = self._gpus.get(gpu_id)
+            if last is None:
+                boot = BOOT_EPOCH_S + int(_draw(f"boot/{gpu_id}") * BOOT_SPREAD_S)
+                t, mj = at, limit_w * max(at - boot, 0.0) * 1000
+            else:
+                t, mj, drawn = last
+                if at > t:  # a clock that went back adds nothing
+                    mj += drawn * (at - t) * 1000
+                    t = at
+            self._gpus[gpu_id] = (t, mj, power_w)
+            return int(mj)
+
+    def forget(self, keep: set[str]) -> None:
+        with self._lock:
+            for gpu_id in set(self._gpus) - keep:
+                del self._gpus[gpu_id]
+
+
+def _mig_fb(model: GpuModel, dev: MigDevice) -> tuple[int, int, int]:
+    """(used, free, total) of one instance in MiB."""
+    profile = model.profile(dev.name)
+    if profile is None:  # validation keeps these out; stay total anyway
+        return 0, 0, 0
+    used = fb_used(dev.status, profile.fb_total_mib)
+    if used == 0:
+        used = MIG_IDLE_FB_USED_MIB
+        return used, profile.memory_mib - used - MIG_IDLE_ROUNDING_MIB, profile.memory_mib
+    return used, profile.fb_total_mib - used, profile.memory_mib
+
+
+def _activity_reading(base: Reading, activity: float, fb: tuple[int, int, int, int]) -> Reading:
+    used, free, reserved, total = fb
+    return Reading(
+        base.sm_clock, base.mem_clock, base.gpu_temp, base.memory_temp, base.power,
+        base.power_limit, base.energy, base.gpu_util, base.mem_copy_util,
+        activity, activity * SM_SHARE, activity * OCCUPANCY_SHARE, activity * TENSOR_SHARE,
+        activity * FP64_SHARE, activity * FP32_SHARE, activity * FP16_SHARE,
+        activity * DRAM_SHARE, used, free, reserved, total, base.pcie_tx, base.pcie_rx,
+    )  # fmt: skip
+
+
+def read_gpu(
+    gpu: Gpu,
+    model: GpuModel | None,
+    gpu_memory: int,
+    now: float,
+    energy: EnergyMeter,
+    instances: tuple[MigDevice, ...],
+) -> tuple[Reading, list[Reading]]:
+    """The GPU's own reading and one per instance (of `instances`, in their order)."""
+    figures: Figures = model.figures if model else GENERIC_FIGURES
+    step = step_of(now)
+    mig = gpu.mig_devices is not None and model is not None
+    if mig and model is not None:
+        activities = [utilization(d.status, now) / 100 for d in instances]
+        slots = model.compute_slots
+        load = 0.0
+        for dev, a in zip(instances, activities, strict=True):
+            profile = model.profile(dev.name)
+            load += a * (profile.compute_slices if profile else 0) / slots
+        load = min(load, 1.0)
+        idle_w, gpu_util, sm_clock = figures.mig_idle_power_w, 0, figures.sm_clock_max_mhz
+    else:
+        gpu_util = utilization(gpu.status, now)
+        load = gpu_util / 100
+        idle_w = figures.idle_power_w
+        sm_clock = figures.sm_clock_max_mhz if gpu_util else figures.sm_clock_idle_mhz
+    # Power wanders by up to half a watt from step to step, as a real sensor's does.
+    wander = _draw(f"power/{gpu.id}/{step}") - 0.5
+    power = round(
+        min(idle_w + (figures.max_power_w - idle_w) * load + wander, figures.max_power_w), 3
+    )
+    heat = (power - figures.idle_power_w) / (figures.max_power_w - figures.idle_power_w)
+    gpu_temp = round(
+        figures.gpu_temp_idle_c + (figures.gpu_temp_max_c - figures.gpu_temp_idle_c) * heat
+    )
+    joules = energy.read(gpu.id, step * STEP_S, power, figures.max_power_w)
+    total = model.fb_total_mib if model else gpu_memory
+    reserved = model.total_memory_mib - total if model else 0
+    used = 0 if mig else fb_used(gpu.status, total)
+    activity = 0.0 if mig else load
+    base = Reading(
+        sm_clock, figures.mem_clock_mhz, gpu_temp, gpu_temp + figures.memory_temp_offset_c,
+        power, figures.max_power_w, joules, gpu_util, round(100 * load * DRAM_SHARE),
+        0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, used, total - used, reserved, total + reserved,
+        PCIE_IDLE_TX + round(PCIE_BUSY_TX * load), PCIE_IDLE_RX + round(PCIE_BUSY_RX * load),
+    )  # fmt: skip
+    gpu_reading = _activity_reading(
+        base, activity, (used, total - used, reserved, total + reserved)
+    )
+    out = []
+    if mig and model is not None:
+        for dev, a in zip(instances, activities, strict=True):
+            u, f, t = _mig_fb(model, dev)
+            out.append(_activity_reading(base, a, (u, f, 0, t)))
+    return gpu_reading, out
