@@ -653,7 +653,7 @@ class NaiveCollector:
                     family = out[f.name] = GaugeMetricFamily(f.name, f.help, labels=names)
                 for labels, value in f.samples:
                     family.add_metric([v for _, v in labels], value)
-        return [out[name] for name in dcgm.ORDER if name in out]
+        return [out[c.name] for c in self.options.counters.metrics if c.name in out]
 
 
 def exporter_bench(state: ClusterState, count: int, changes: int, scrapes: int) -> dict[str, Any]:

@@ -169,10 +169,23 @@ def families(node: NodeTopology, options: Options, now: float) -> list[Family]:
     return out
 
 
+def _kinds(node: NodeTopology) -> set[str]:
+    """The kinds of series subject the node's GPUs give (see `entities`)."""
+    mig = model_for_product(node.gpu_product) is not None
+    return {
+        GPU if gpu.mig_devices is None or not mig else MIG if gpu.mig_devices else EMPTY
+        for gpu in node.gpus
+    }
+
+
 def moves_in_time(node: NodeTopology, counters: Counters | None = None) -> bool:
-    """Whether the node's values change with the clock (power, energy, activity ...)."""
-    selected = (counters or default_counters()).metrics
-    return bool(node.gpus) and any(c.field.reading not in _STILL for c in selected)
+    """Whether the node's values change with the clock (power, energy, activity ...): whether
+    a selected field that moves is served for one of its GPUs."""
+    kinds = _kinds(node)
+    return any(
+        c.field.reading not in _STILL and kinds & c.field.where
+        for c in (counters or default_counters()).metrics
+    )
 
 
 def _escape(value: str) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from freezegun import freeze_time
@@ -10,6 +12,7 @@ from promtext import parse
 from test_exporter import MIG, whole_gpu
 
 from exporter import dcgm
+from exporter.fields import Counters, parse_counters
 from exporter.many import NodesExporter
 from exporter.server import Published
 from topology.model import MigDevice, Topology
@@ -37,10 +40,14 @@ def rendered(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     yield calls
 
 
-def exporter() -> NodesExporter:
-    return NodesExporter(dcgm.Options("ignored", "535.104.05"), Published())
+def exporter(counters: Counters | None = None) -> NodesExporter:
+    options = dcgm.Options("ignored", "535.104.05")
+    if counters is not None:
+        options = replace(options, counters=counters)
+    return NodesExporter(options, Published())
 
 
+@freeze_time("2026-11-22 10:00:00")
 def test_one_body_with_each_node_as_its_own_exporter_would_serve_it() -> None:
     many = exporter()
     for name in ("b", "a"):
@@ -51,10 +58,15 @@ def test_one_body_with_each_node_as_its_own_exporter_would_serve_it() -> None:
     text = snap.body.decode()
     series = parse(text)  # Prometheus' parser accepts it: each family once
     families = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
-    assert families == ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED"]
+    # Each family once, in the counters' order, whole-GPU-only and MIG-only families included.
+    order = [c.name for c in dcgm.default_counters().metrics]
+    assert families == sorted(set(families), key=order.index)
+    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_FB_USED"} <= set(
+        families
+    )
     for name in ("a", "b", "k80"):
         topology = doc(name, MIG if name != "k80" else whole_gpu(50, 50))
-        alone = dcgm.render(topology.nodes[name], dcgm.Options(name, "535.104.05"), 0)
+        alone = dcgm.render(topology.nodes[name], dcgm.Options(name, "535.104.05"), time.time())
         assert [s for s in series if s.label("Hostname") == name] == parse(alone.decode())
     # Within a family, nodes in name order.
     used = [s.label("Hostname") for s in series if s.name == "DCGM_FI_DEV_FB_USED"]
@@ -81,9 +93,34 @@ def test_a_change_renders_only_its_node(rendered: list[str]) -> None:
     }
 
 
-def test_only_nodes_that_move_in_time_render_on_a_new_step(rendered: list[str]) -> None:
+def test_every_gpu_node_renders_again_on_a_new_step_and_not_within_one(
+    rendered: list[str],
+) -> None:
+    """Power, energy and temperatures move with the clock on every GPU, busy or idle."""
     with freeze_time("2026-11-22 10:00:00") as clock:
         many = exporter()
+        many.update_source("topology-mig", doc("mig", MIG), "mig")
+        many.update_source("topology-idle", doc("idle", whole_gpu(0, 0)), "idle")
+        many.render()
+        rendered.clear()
+        clock.tick(dcgm.UTILIZATION_STEP_S / 2)
+        many.render()
+        assert rendered == []
+        clock.tick(dcgm.UTILIZATION_STEP_S)
+        many.render()
+        assert sorted(rendered) == ["idle", "mig"]
+
+
+def test_only_nodes_that_move_in_time_render_on_a_new_step(rendered: list[str]) -> None:
+    """With a counters file of frame-buffer and utilization only, an idle node stays still."""
+    counters, warnings = parse_counters(
+        "DCGM_FI_DEV_GPU_UTIL, gauge, u\nDCGM_FI_DEV_FB_FREE, gauge, f\n"
+        "DCGM_FI_DEV_FB_USED, gauge, u\n",
+        "test",
+    )
+    assert warnings == []
+    with freeze_time("2026-11-22 10:00:00") as clock:
+        many = exporter(counters)
         many.update_source("topology-mig", doc("mig", MIG), "mig")
         many.update_source("topology-busy", doc("busy", whole_gpu(0, 100)), "busy")
         many.render()

@@ -1,0 +1,271 @@
+"""Every dcgm field: the counters CSV that picks them, and simulated values that hang together.
+
+What a user checks: a counters file from a real dcgm-exporter works here, bad lines are one-line
+warnings, and the numbers behave like a GPU's (idle is idle, load raises power and activity, the
+energy counter only goes up, the same clock gives the same numbers).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import SAMPLES, run_cli
+from freezegun import freeze_time
+from promtext import Series, by_name, parse
+from test_exporter import MIG, whole_gpu
+
+from exporter import dcgm
+from exporter.readings import EnergyMeter
+from topology.catalog import model_for_product
+from topology.model import (
+    AllocatedBy,
+    DeviceStatus,
+    NodeTopology,
+    PodUsage,
+    Utilization,
+)
+
+SAMPLE = SAMPLES / "topology" / "a100-40gb-active.yaml"
+NODE = "qa-mig-worker-gpu-a100"
+WHOLE_ONLY = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL",
+              "DCGM_FI_DEV_DEC_UTIL")  # fmt: skip
+GPU_LEVEL = ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP",
+             "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE",
+             "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+             "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")  # fmt: skip
+NOW = "2026-11-22 10:00:05"
+
+
+def once(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    out = run_cli("exporter", "--topology-file", str(SAMPLE), "--node-name", NODE, "--once",
+                  *args, env=env)  # fmt: skip
+    return out.returncode, out.stdout, out.stderr
+
+
+def node_series(node: NodeTopology, options: dcgm.Options | None = None) -> list[Series]:
+    return parse(dcgm.render(node, options or dcgm.Options("h"), time.time()).decode())
+
+
+def one(series: list[Series], name: str) -> float:
+    (s,) = by_name(series, name)
+    return s.value
+
+
+# --- the counters CSV -----------------------------------------------------------------------
+
+
+def test_a_counters_file_picks_the_fields_their_order_help_and_type(tmp_path: Path) -> None:
+    csv = tmp_path / "counters.csv"
+    csv.write_text(
+        "# Format: DCGM FIELD, Prometheus metric type, help message\n"
+        "\n"
+        "DCGM_FI_DEV_FB_USED,   gauge, Used (MiB).\n"
+        "  DCGM_FI_DEV_GPU_TEMP , gauge, Hot (C).\n"
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT, gauge, Power limit (W).\n"
+        "DCGM_FI_DEV_BRAND, label, Brand\n"
+        "DCGM_FI_DRIVER_VERSION, label, Driver\n"
+    )
+    code, out, err = once("-f", str(csv))
+    assert (code, err) == (0, "")
+    families = [line.split()[2] for line in out.splitlines() if line.startswith("# TYPE")]
+    assert families == [
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT",
+    ]
+    assert "# HELP DCGM_FI_DEV_GPU_TEMP Hot (C).\n# TYPE DCGM_FI_DEV_GPU_TEMP gauge\n" in out
+    series = parse(out)
+    assert len(by_name(series, "DCGM_FI_DEV_GPU_TEMP")) == 3  # one per MIG instance
+    # Label fields in the file's order, after Hostname, as dcgm-exporter places them.
+    names = series[0].label_names
+    assert names[names.index("Hostname") + 1 :] == (
+        "DCGM_FI_DEV_BRAND", "DCGM_FI_DRIVER_VERSION", "container", "namespace", "pod",
+    )  # fmt: skip
+    assert {s.label("DCGM_FI_DEV_BRAND") for s in series} == {"NVIDIA"}
+    # Without a label line, no DCGM_FI_DRIVER_VERSION label: the file decides.
+    csv.write_text("DCGM_FI_DEV_FB_USED, counter, Used.\n")
+    code, out, err = once(env={"DCGM_EXPORTER_COLLECTORS": str(csv)})
+    assert (code, err) == (0, "")
+    assert "# TYPE DCGM_FI_DEV_FB_USED counter\n" in out
+    assert all("DCGM_FI_DRIVER_VERSION" not in s.label_names for s in parse(out))
+
+
+def test_an_unknown_or_odd_line_is_a_one_line_warning_and_the_rest_served(tmp_path: Path) -> None:
+    csv = tmp_path / "counters.csv"
+    csv.write_text(
+        "DCGM_FI_DEV_FB_USED, gauge, Used.\n"
+        "DCGM_FI_DEV_NOT_A_FIELD, gauge, what\n"
+        "DCGM_FI_DEV_GPU_TEMP, histogram, no such type\n"
+        "DCGM_FI_DEV_FB_USED, gauge, twice\n"
+        "DCGM_FI_DEV_FB_FREE\n"
+    )
+    code, out, err = once("-f", str(csv))
+    assert code == 0
+    lines = err.splitlines()
+    assert len(lines) == 4, err
+    assert "line 2" in lines[0] and "DCGM_FI_DEV_NOT_A_FIELD" in lines[0]
+    assert "line 3" in lines[1] and "histogram" in lines[1]
+    assert "line 4" in lines[2] and "twice" in lines[2]
+    assert "line 5" in lines[3]
+    assert [line.split()[2] for line in out.splitlines() if line.startswith("# TYPE")] == [
+        "DCGM_FI_DEV_FB_USED"
+    ]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "no usable field", "binary", "missing"])
+def test_an_unusable_counters_file_exits_2_in_one_line(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "counters.csv"
+    if kind == "fifo":
+        os.mkfifo(path)  # never opened for writing: a blocking read would hang
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "no usable field":
+        path.write_text("DCGM_FI_DEV_NOPE, gauge, x\n")
+    elif kind == "binary":
+        path.write_bytes(b"\xff\xfe\x00garbage")
+    code, out, err = once("-f", str(path))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and str(path) in err and "Traceback" not in err
+
+
+def test_the_default_field_set_is_the_dumps(tmp_path: Path) -> None:
+    """Every family of the real MIG-disabled dump, in its order, with its HELP text."""
+    dump = (SAMPLES / "metrics" / "a100-40gb-mig-disabled.prom").read_text()
+    headers = [line for line in dump.splitlines() if line.startswith("#")]
+    ours = [line for line in dcgm.join([dcgm.fragments(
+        whole_gpu(0, 0).nodes["n"], dcgm.Options("h"), 0)]).decode().splitlines()
+        if line.startswith("#")]  # fmt: skip
+    assert ours == headers
+
+
+# --- where each field is served -------------------------------------------------------------
+
+
+@freeze_time(NOW)
+def test_mig_instances_repeat_gpu_fields_and_have_their_own_activity() -> None:
+    series = node_series(MIG.nodes[NODE])
+    for name in WHOLE_ONLY:
+        assert by_name(series, name) == [], name
+    for name in GPU_LEVEL:
+        per_instance = by_name(series, name)
+        assert len(per_instance) == 3 and len({s.value for s in per_instance}) == 1, name
+    activity = {
+        s.label("GPU_I_ID"): s.value for s in by_name(series, "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+    }
+    assert activity == {"7": 0, "9": 1, "5": 0}  # the gpu-burn pod holds GI 9
+    # With --mig-pod-labels the holder is named; by default the labels stay empty (run:ai).
+    assert {s.label("pod") for s in series} == {""}
+    named = node_series(MIG.nodes[NODE], dcgm.Options("h", mig_pod_labels=True))
+    holders = {s.label("GPU_I_ID"): s.label("pod") for s in by_name(named, "DCGM_FI_DEV_FB_USED")}
+    assert holders == {"7": "job-1g-idle-0-0", "9": "job-gpu-burn-0-0", "5": "job-2g-idle-0-0"}
+
+
+@freeze_time(NOW)
+def test_a_mig_enabled_gpu_without_instances_has_gpu_level_series_only() -> None:
+    node = MIG.nodes[NODE]
+    empty = replace(node, gpus=(replace(node.gpus[0], mig_devices=()),))
+    series = node_series(empty)
+    assert {s.name for s in series} >= set(GPU_LEVEL)
+    assert not by_name(series, "DCGM_FI_DEV_FB_USED") and not by_name(
+        series, "DCGM_FI_DEV_GPU_UTIL"
+    )
+    assert all("GPU_I_ID" not in s.label_names for s in series)
+    assert one(series, "DCGM_FI_PROF_GR_ENGINE_ACTIVE") == 0
+
+
+# --- values that hang together --------------------------------------------------------------
+
+
+def mig_node(utilization: int) -> NodeTopology:
+    """The sample node with every instance held by a pod at `utilization` percent."""
+    node = MIG.nodes[NODE]
+    devices = tuple(
+        replace(d, status=DeviceStatus(AllocatedBy("ns", f"p{i}", "c"),
+                                       {f"u{i}": PodUsage(Utilization(utilization, utilization), 10)}))
+        for i, d in enumerate(node.gpus[0].mig_devices or ())
+    )  # fmt: skip
+    return replace(node, gpus=(replace(node.gpus[0], mig_devices=devices),))
+
+
+@freeze_time(NOW)
+def test_an_idle_mig_gpu_draws_its_idle_power_and_load_raises_it() -> None:
+    model = model_for_product(MIG.nodes[NODE].gpu_product)
+    assert model is not None
+    figures = model.figures
+    idle = node_series(mig_node(0))
+    assert by_name(idle, "DCGM_FI_DEV_POWER_USAGE")[0].value == pytest.approx(
+        figures.mig_idle_power_w, abs=0.5
+    )
+    assert all(s.value == 0 for s in by_name(idle, "DCGM_FI_PROF_GR_ENGINE_ACTIVE"))
+    assert all(s.value == 0 for s in by_name(idle, "DCGM_FI_PROF_DRAM_ACTIVE"))
+    busy = node_series(mig_node(100))
+    # Instances on 2 + 1 + 1 of the 7 compute slices, all busy: 4/7 of the way to the limit.
+    expected = figures.mig_idle_power_w + (figures.max_power_w - figures.mig_idle_power_w) * 4 / 7
+    power = by_name(busy, "DCGM_FI_DEV_POWER_USAGE")[0].value
+    assert power == pytest.approx(expected, abs=0.5)
+    assert (
+        by_name(busy, "DCGM_FI_DEV_GPU_TEMP")[0].value
+        > by_name(idle, "DCGM_FI_DEV_GPU_TEMP")[0].value
+    )
+    assert all(s.value == 1 for s in by_name(busy, "DCGM_FI_PROF_GR_ENGINE_ACTIVE"))
+
+
+@freeze_time(NOW)
+def test_whole_gpu_power_and_activity_follow_utilization() -> None:
+    rows = []
+    for percent in (0, 30, 60, 100):
+        series = [
+            s for s in node_series(whole_gpu(percent, percent).nodes["n"]) if s.label("gpu") == "0"
+        ]
+        assert one(series, "DCGM_FI_DEV_GPU_UTIL") == percent
+        rows.append(tuple(one(series, name) for name in (
+            "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_MEM_COPY_UTIL",
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE")))  # fmt: skip
+    for column in zip(*rows, strict=True):
+        assert list(column) == sorted(column) and column[0] < column[-1]
+    assert rows[-1][2] == 1 and rows[0][1] == 0 and 0 < rows[-1][1] <= 100
+
+
+def test_the_same_clock_gives_the_same_exposition() -> None:
+    with freeze_time(NOW):
+        first = dcgm.render(MIG.nodes[NODE], dcgm.Options("h"), time.time())
+        again = dcgm.render(MIG.nodes[NODE], dcgm.Options("h"), time.time())
+    assert first == again
+    with freeze_time("2026-11-22 10:00:25"):
+        later = dcgm.render(MIG.nodes[NODE], dcgm.Options("h"), time.time())
+    assert later != first
+
+
+def energy_of(node: NodeTopology, meter: EnergyMeter, at: float) -> tuple[float, float]:
+    series = parse(dcgm.render(node, dcgm.Options("h", energy=meter), at).decode())
+    return (by_name(series, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")[0].value,
+            by_name(series, "DCGM_FI_DEV_POWER_USAGE")[0].value)  # fmt: skip
+
+
+def test_energy_integrates_power_and_never_goes_back_across_restarts() -> None:
+    step = dcgm.UTILIZATION_STEP_S
+    start = 1_795_000_000.0
+    node = mig_node(100)
+    meter = EnergyMeter()
+    last, power = energy_of(node, meter, start)
+    for k in range(1, 40):
+        if k == 20:
+            node = mig_node(0)  # the load stops: the counter slows, never drops
+        energy, now_power = energy_of(node, meter, start + k * step)
+        assert energy - last == pytest.approx(power * step * 1000, abs=1)  # mJ
+        last, power = energy, now_power
+    # A restarted exporter (a fresh meter) at any later time reads at least the last count.
+    for later in (1, step, 3600):
+        restarted, _ = energy_of(node, EnergyMeter(), start + 39 * step + later)
+        assert restarted >= last
+
+
+def test_a_node_of_unknown_model_still_gets_plausible_figures() -> None:
+    node = NodeTopology(1, 16384, "Some-Future-GPU", gpus=whole_gpu(50, 50).nodes["n"].gpus[:1])
+    series = node_series(node)
+    assert 0 < one(series, "DCGM_FI_DEV_POWER_USAGE") < 1000
+    assert one(series, "DCGM_FI_DEV_FB_USED") + one(series, "DCGM_FI_DEV_FB_FREE") == 16384
