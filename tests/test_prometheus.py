@@ -1,16 +1,22 @@
 """A real Prometheus (Debian's package) scrapes the exporters, and the consumers' queries work.
 
-The queries are the ones Kruize and the OpenShift console run (shared/reference/consumers.md).
+The queries are the ones Kruize, Grafana's DCGM dashboard (12239) and the OpenShift console run
+(shared/reference/consumers.md), and every query of the dashboard this project ships.
 Targets carry `namespace`/`pod`/`container` target labels like a ServiceMonitor's, with
 honor_labels false, so the exporter's own pod labels arrive as `exported_*`.
+
+Three exporters: the sample MIG node as run:ai leaves it (no pod labels), a whole GPU with a pod,
+and a second MIG node served with --mig-pod-labels, whose instances name their pods.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -23,8 +29,12 @@ from conftest import ROOT, SAMPLES, run_cli
 from kubeapi import eventually
 from test_cli import free_port, get
 
+from grafana.dashboard import OUTPUT as DASHBOARD
+from grafana.dashboard import queries
+
 MIG_NODE = "qa-mig-worker-gpu-a100"
 WHOLE_NODE = "a100-whole"  # the sampled machine with MIG disabled, as a second node
+PODS_NODE = "a100-mig-pods"
 
 
 def whole_gpu_topology(tmp_path: Path) -> Path:
@@ -55,6 +65,14 @@ def whole_gpu_topology(tmp_path: Path) -> Path:
     return path
 
 
+def pods_node_topology(tmp_path: Path) -> Path:
+    """The sample MIG node again, as another node with another GPU."""
+    text = (SAMPLES / "topology" / "a100-40gb-active.yaml").read_text()
+    path = tmp_path / "pods-node.yaml"
+    path.write_text(text.replace(MIG_NODE, PODS_NODE).replace("GPU-e7275015", "GPU-0badcafe"))
+    return path
+
+
 def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     out = log.open("wb")
     return subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=out)
@@ -70,13 +88,14 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     procs = []
     targets = []
-    exporters = (("mig", MIG_NODE, SAMPLES / "topology" / "a100-40gb-active.yaml"),
-                 ("whole", WHOLE_NODE, whole_gpu_topology(tmp_path)))  # fmt: skip
-    for name, node, topology in exporters:
+    exporters = (("mig", MIG_NODE, SAMPLES / "topology" / "a100-40gb-active.yaml", []),
+                 ("whole", WHOLE_NODE, whole_gpu_topology(tmp_path), []),
+                 ("migpods", PODS_NODE, pods_node_topology(tmp_path), ["--mig-pod-labels"]))  # fmt: skip
+    for name, node, topology, flags in exporters:
         port = free_port()
         procs.append(start([sys.executable, "-m", "exporter", "--topology-file", str(topology), "--node-name", node,
-                            "--address", "127.0.0.1", "--port", str(port), "--hostname", f"nvidia-dcgm-exporter-{name}"],
-                           tmp_path / f"exporter-{name}.log"))  # fmt: skip
+                            "--address", "127.0.0.1", "--port", str(port), "--hostname", f"nvidia-dcgm-exporter-{name}",
+                            *flags], tmp_path / f"exporter-{name}.log"))  # fmt: skip
         targets.append({"targets": [f"127.0.0.1:{port}"],
                         "labels": {"namespace": "gpu-operator", "pod": f"nvidia-dcgm-exporter-{name}",
                                    "container": "nvidia-dcgm-exporter"}})  # fmt: skip
@@ -93,7 +112,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                         f"--web.listen-address=127.0.0.1:{web}"], tmp_path / "prometheus.log"))  # fmt: skip
     url = f"http://127.0.0.1:{web}"
     try:
-        eventually(lambda: len(query(url, "up == 1")) == 2, timeout=30)
+        eventually(lambda: len(query(url, "up == 1")) == len(exporters), timeout=30)
         yield url
     finally:
         for p in procs:
@@ -132,20 +151,34 @@ def test_kruize_frame_buffer_query_sees_every_mig_profile(prometheus: str) -> No
 def test_instances_counted_and_summed_as_the_console_does(prometheus: str) -> None:
     count = eventually(
         lambda: query(
-            prometheus, 'count(count by (UUID,GPU_I_ID) (DCGM_FI_DEV_FB_USED{GPU_I_ID!=""}))'
+            prometheus,
+            'count(count by (UUID,GPU_I_ID) (DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!=""}))',
         ),
         timeout=20,
     )
-    assert float(count[0]["value"][1]) == 3
+    assert float(count[0]["value"][1]) == 6  # two MIG nodes, three instances each
     sums = query(
-        prometheus, 'sum by (GPU_I_ID) (DCGM_FI_DEV_FB_USED{GPU_I_ID!=""} + DCGM_FI_DEV_FB_FREE)'
+        prometheus,
+        'sum by (GPU_I_ID) (DCGM_FI_DEV_FB_USED{Hostname="nvidia-dcgm-exporter-mig"}'
+        " + DCGM_FI_DEV_FB_FREE)",
     )
     assert values(sums, "GPU_I_ID") == {"7": 4864, "9": 4864, "5": 9855}
     # No utilization series for MIG instances, as real dcgm-exporter.
     assert query(prometheus, 'DCGM_FI_DEV_GPU_UTIL{GPU_I_ID!=""}') == []
-    # Empty pod labels are absent in Prometheus: no exported_* on MIG series.
-    mig = query(prometheus, 'DCGM_FI_DEV_FB_USED{GPU_I_ID!=""}')
+    assert query(prometheus, 'DCGM_FI_DEV_MEM_COPY_UTIL{GPU_I_ID!=""}') == []
+    # Empty pod labels are absent in Prometheus: no exported_* on run:ai's MIG series ...
+    mig = query(prometheus, 'DCGM_FI_DEV_FB_USED{Hostname="nvidia-dcgm-exporter-mig"}')
+    assert len(mig) == 3
     assert all(not k.startswith("exported_") for r in mig for k in r["metric"])
+    # ... and with --mig-pod-labels the console's per-pod activity query names each holder.
+    per_pod = query(
+        prometheus,
+        'sum (DCGM_FI_PROF_GR_ENGINE_ACTIVE{exported_pod=~".+",GPU_I_ID!=""})'
+        " by (exported_namespace, exported_pod, UUID)",
+    )
+    busy = values(per_pod, "exported_pod")
+    assert busy.keys() == {"job-2g-idle-0-0", "job-1g-idle-0-0", "job-gpu-burn-0-0"}
+    assert busy["job-gpu-burn-0-0"] == 1 and busy["job-2g-idle-0-0"] == 0
 
 
 def test_kruize_whole_gpu_query_finds_the_pod(prometheus: str) -> None:
@@ -157,3 +190,116 @@ def test_kruize_whole_gpu_query_finds_the_pod(prometheus: str) -> None:
     (fb,) = query(prometheus, 'DCGM_FI_DEV_FB_USED{exported_pod="train-0"}')
     assert float(fb["value"][1]) == 20000
     assert fb["metric"]["pod"] == "nvidia-dcgm-exporter-whole"  # the scrape target's own label
+
+
+def test_kruize_detects_the_whole_gpu_through_memory_copy_utilization(prometheus: str) -> None:
+    """Kruize's accelerator detection: the MEM_COPY_UTIL max query finds the pod's GPU, with a
+    model name it supports."""
+    promql = ('max by (Hostname,device,modelName,UUID,exported_container,exported_namespace) '
+              '(max_over_time(DCGM_FI_DEV_MEM_COPY_UTIL{exported_namespace="team",exported_container="train"}[1m]))')  # fmt: skip
+    (result,) = eventually(lambda: query(prometheus, promql), timeout=20)
+    model = result["metric"]["modelName"].upper()
+    assert "A100" in model and "40GB" in model
+    # The pod draws 60-70 % of the GPU: the memory interface is busy, less than the SMs.
+    utilization = float(
+        query(prometheus, promql.replace("MEM_COPY_UTIL", "GPU_UTIL"))[0]["value"][1]
+    )
+    assert 0 < float(result["value"][1]) < utilization
+
+
+def label_values(url: str, selector: str, label: str) -> list[str]:
+    """What Grafana's `label_values(selector, label)` lists."""
+    params = urllib.parse.urlencode({"match[]": selector})
+    with urllib.request.urlopen(f"{url}/api/v1/series?{params}", timeout=5) as r:
+        body = json.load(r)
+    assert body["status"] == "success", body
+    return sorted({s[label] for s in body["data"] if label in s})
+
+
+def test_grafana_12239_variables_and_panels_have_data(prometheus: str) -> None:
+    instances = eventually(lambda: label_values(prometheus, "DCGM_FI_DEV_GPU_TEMP", "instance"))
+    assert len(instances) == 3  # every exporter, MIG or not
+    assert label_values(prometheus, "DCGM_FI_DEV_GPU_TEMP", "gpu") == ["0"]
+    chosen = f'instance=~"{"|".join(instances)}", gpu=~"0"'
+    panels = {
+        "GPU Temperature": f"DCGM_FI_DEV_GPU_TEMP{{{chosen}}}",
+        "GPU Avg. Temp": f"avg(DCGM_FI_DEV_GPU_TEMP{{{chosen}}})",
+        "GPU Power Usage": f"DCGM_FI_DEV_POWER_USAGE{{{chosen}}}",
+        "GPU Power Total": f"sum(DCGM_FI_DEV_POWER_USAGE{{{chosen}}})",
+        "GPU SM Clocks": f"DCGM_FI_DEV_SM_CLOCK{{{chosen}}} * 1000000",
+        "GPU Utilization": f"DCGM_FI_DEV_GPU_UTIL{{{chosen}}}",
+        "GPU Framebuffer Mem Used": f"DCGM_FI_DEV_FB_USED{{{chosen}}}",
+        "Tensor Core Utilization": f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{chosen}}}",
+    }
+    for title, promql in panels.items():
+        assert query(prometheus, promql), f"{title}: no data for {promql}"
+    (avg,) = query(prometheus, panels["GPU Avg. Temp"])
+    assert 20 < float(avg["value"][1]) < 90  # degrees C, not a ratio or a fraction
+    clocks = {float(r["value"][1]) for r in query(prometheus, panels["GPU SM Clocks"])}
+    assert clocks and all(1e8 < hz < 3e9 for hz in clocks)
+
+
+def test_every_query_of_the_shipped_dashboard_has_data(prometheus: str) -> None:
+    """Variables resolved as Grafana does, in order, each to all its values; then every panel."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    chosen: dict[str, str] = {}
+
+    def substitute(text: str) -> str:
+        for name, regex in chosen.items():
+            text = text.replace(f"${name}", regex)
+        return text
+
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        selector, label = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"]).groups()
+        found = eventually(lambda s=selector, lb=label: label_values(prometheus, substitute(s), lb))
+        assert found, f"variable {variable['name']}: no values"
+        chosen[variable["name"]] = "|".join(found)  # Grafana's "All" without an allValue
+    assert "nvidia-dcgm-exporter-migpods" in chosen["Hostname"]
+    assert {"1g.5gb", "2g.10gb"} <= set(chosen["GPU_I_PROFILE"].split("|"))
+    exprs = queries(dashboard)
+    assert len(exprs) >= 6
+    for expr in exprs:
+        assert "$" not in substitute(expr), expr
+        assert query(prometheus, substitute(expr)), f"no data: {expr}"
+    # The holder table lists every pod that holds an instance on the node with pod labels.
+    (table,) = [e for e in exprs if "exported_pod" in e]
+    holders = {r["metric"]["exported_pod"] for r in query(prometheus, substitute(table))}
+    assert {"job-2g-idle-0-0", "job-1g-idle-0-0", "job-gpu-burn-0-0"} <= holders
+
+
+def test_energy_counter_rate_is_the_power(prometheus: str) -> None:
+    """TOTAL_ENERGY_CONSUMPTION is mJ since boot: its rate is the power draw in mW."""
+    energy = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+    power = "DCGM_FI_DEV_POWER_USAGE"
+    # Values step every 10 s: wait for a whole minute of samples, six steps.
+    eventually(lambda: query(prometheus, f"count_over_time({energy}[1m]) >= 55"), timeout=90)
+    rate = values(query(prometheus, f"max by (Hostname) (rate({energy}[1m]))"), "Hostname")
+    drawn = values(
+        query(prometheus, f"max by (Hostname) (avg_over_time({power}[1m])) * 1000"), "Hostname"
+    )
+    assert rate.keys() == drawn.keys() and len(rate) == 3
+    for host, mw in rate.items():
+        assert mw > 0
+        assert mw == pytest.approx(drawn[host], rel=0.2), host
+    # Exactly: one step's energy is the previous step's power times the step, in mJ.
+    step = 10
+    at = (time.time() // step) * step - step / 2  # the middle of the last complete step
+    exact = query_at(
+        prometheus,
+        f"max by (Hostname) (({energy} - {energy} offset {step}s)"
+        f" / ({power} offset {step}s * {step} * 1000))",
+        at,
+    )
+    assert len(exact) == 3
+    for ratio in values(exact, "Hostname").values():
+        assert ratio == pytest.approx(1, abs=1e-4)
+
+
+def query_at(url: str, promql: str, at: float) -> list[dict[str, Any]]:
+    params = urllib.parse.urlencode({"query": promql, "time": f"{at:.3f}"})
+    with urllib.request.urlopen(f"{url}/api/v1/query?{params}", timeout=5) as r:
+        body = json.load(r)
+    assert body["status"] == "success", body
+    return list(body["data"]["result"])

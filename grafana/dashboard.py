@@ -1,0 +1,273 @@
+"""Grafana dashboard for the MIG instances this exporter serves, generated with the foundation SDK.
+
+`grafana/mig-dashboard.json` is this module's output; edit the code here, never the JSON. From the
+repository root, regenerate it with either of
+
+    python -m grafana.dashboard
+    python grafana/dashboard.py
+
+(`grafana-foundation-sdk` comes with the test extras), and commit both files:
+tests/test_dashboard.py fails while they disagree.
+
+Import it in Grafana with Dashboards > New > Import > Upload dashboard JSON file, or provision the
+file from a ConfigMap. Pick the Prometheus data source in the `datasource` variable; every panel and
+variable query goes through it. The `Hostname`, `gpu` and `GPU_I_PROFILE` variables narrow the
+panels to nodes, GPUs and MIG profiles (multi-select, "All" matches `.*`).
+
+The pod table reads `exported_pod`, `exported_namespace` and `exported_container`: what the
+exporter's `pod`, `namespace` and `container` labels become when Prometheus scrapes it with
+`honor_labels: false`, its default.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard as dashboard_builders
+from grafana_foundation_sdk.builders import prometheus, table, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DataSourceRef,
+    DataTransformerConfig,
+    VariableRefresh,
+    VariableSort,
+)
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+OUTPUT = Path(__file__).resolve().parent / "mig-dashboard.json"
+
+UID = "mig-exporter"
+TITLE = "MIG instances (dcgm-exporter)"
+
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+
+# Label matchers shared by the queries: GPU-level series (power) and per-MIG-instance series.
+GPU_MATCHERS = 'Hostname=~"$Hostname", gpu=~"$gpu"'
+INSTANCE_MATCHERS = GPU_MATCHERS + ', GPU_I_PROFILE=~"$GPU_I_PROFILE"'
+INSTANCE_LEGEND = "{{Hostname}} gpu {{gpu}} {{GPU_I_PROFILE}} GI {{GPU_I_ID}}"
+
+HEIGHT = 8
+HALF = 12
+FULL = 24
+
+
+def _variable(name: str, label: str, query: str) -> dashboard_builders.QueryVariable:
+    """A multi-select `label_values` variable whose "All" matches every value."""
+    return (
+        dashboard_builders.QueryVariable(name)
+        .label(label)
+        .datasource(DATASOURCE)
+        .query(query)
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(VariableSort.NATURAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+    )
+
+
+def _query(expr: str, legend: str) -> prometheus.Dataquery:
+    return (
+        prometheus.Dataquery().datasource(DATASOURCE).expr(expr).legend_format(legend).ref_id("A")
+    )
+
+
+def _timeseries(
+    title: str, description: str, expr: str, legend: str, unit: str, width: int = HALF
+) -> timeseries.Panel:
+    """A line per series, with a table legend showing the last and the highest value."""
+    panel = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .with_target(_query(expr, legend))
+        .unit(unit)
+        .min(0)
+        .height(HEIGHT)
+        .span(width)
+        .legend(
+            common_builders.VizLegendOptions()
+            .display_mode(common.LegendDisplayMode.TABLE)
+            .placement(common.LegendPlacement.BOTTOM)
+            .show_legend(True)
+            .calcs(["lastNotNull", "max"])
+        )
+        .tooltip(
+            common_builders.VizTooltipOptions()
+            .mode(common.TooltipDisplayMode.MULTI)
+            .sort(common.SortOrder.DESCENDING)
+        )
+    )
+    if unit == "percentunit":
+        panel = panel.max(1)
+    return panel
+
+
+def _pod_table() -> table.Panel:
+    labels = "Hostname, gpu, GPU_I_PROFILE, GPU_I_ID, exported_namespace, exported_pod, exported_container"
+    expr = f'max by ({labels}) (DCGM_FI_DEV_FB_USED{{{INSTANCE_MATCHERS}, exported_pod!=""}})'
+    columns = [
+        "Hostname",
+        "gpu",
+        "GPU_I_PROFILE",
+        "GPU_I_ID",
+        "exported_namespace",
+        "exported_pod",
+        "exported_container",
+        "Value",
+    ]
+    organize = DataTransformerConfig(
+        id_val="organize",
+        options={
+            "excludeByName": {"Time": True},
+            "indexByName": {name: index for index, name in enumerate(columns)},
+            "renameByName": {
+                "GPU_I_PROFILE": "profile",
+                "GPU_I_ID": "GPU instance",
+                "exported_namespace": "namespace",
+                "exported_pod": "pod",
+                "exported_container": "container",
+                "Value": "frame buffer used",
+            },
+        },
+    )
+    query = (
+        prometheus.Dataquery()
+        .datasource(DATASOURCE)
+        .expr(expr)
+        .instant()
+        .format(PromQueryFormat.TABLE)
+        .legend_format("__auto")
+        .ref_id("A")
+    )
+    return (
+        table.Panel()
+        .title("Which pod holds which instance")
+        .description(
+            "The pod, namespace and container each MIG instance is allocated to now, with the "
+            "frame buffer it uses. Instances without a pod are left out."
+        )
+        .datasource(DATASOURCE)
+        .with_target(query)
+        .with_transformation(organize)
+        .unit("decmbytes")
+        .filterable(True)
+        .height(HEIGHT)
+        .span(FULL)
+    )
+
+
+def build() -> dict[str, Any]:
+    """The dashboard as Grafana's JSON model, plain dicts and lists."""
+    fb_used = f"DCGM_FI_DEV_FB_USED{{{INSTANCE_MATCHERS}}}"
+    fb_free = f"DCGM_FI_DEV_FB_FREE{{{INSTANCE_MATCHERS}}}"
+    panels: list[timeseries.Panel | table.Panel] = [
+        _timeseries(
+            "Frame buffer used per instance",
+            "Frame buffer memory (MiB) in use on each MIG instance (DCGM_FI_DEV_FB_USED).",
+            fb_used,
+            INSTANCE_LEGEND,
+            "decmbytes",
+        ),
+        _timeseries(
+            "Frame buffer free per instance",
+            "Frame buffer memory (MiB) still free on each MIG instance (DCGM_FI_DEV_FB_FREE).",
+            fb_free,
+            INSTANCE_LEGEND,
+            "decmbytes",
+        ),
+        _timeseries(
+            "Memory used per instance (fraction)",
+            "Share of each MIG instance's frame buffer in use: FB_USED / (FB_USED + FB_FREE).",
+            f"{fb_used} / ({fb_used} + {fb_free})",
+            INSTANCE_LEGEND,
+            "percentunit",
+        ),
+        _timeseries(
+            "Graphics engine activity per instance",
+            "Fraction of time the graphics engine of each MIG instance was busy "
+            "(DCGM_FI_PROF_GR_ENGINE_ACTIVE, 0 to 1).",
+            f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{INSTANCE_MATCHERS}}}",
+            INSTANCE_LEGEND,
+            "percentunit",
+        ),
+        _timeseries(
+            "Power per GPU",
+            "Power draw (W) of each physical GPU (DCGM_FI_DEV_POWER_USAGE). It is a GPU-level "
+            "field repeated on every MIG instance, so the query keeps one series per GPU; "
+            "the MIG profile filter does not apply.",
+            f"max by (Hostname, gpu) (DCGM_FI_DEV_POWER_USAGE{{{GPU_MATCHERS}}})",
+            "{{Hostname}} gpu {{gpu}}",
+            "watt",
+            width=FULL,
+        ),
+        _pod_table(),
+    ]
+    builder = (
+        dashboard_builders.Dashboard(TITLE)
+        .uid(UID)
+        .description("Frame buffer, activity, power and pods of NVIDIA MIG instances.")
+        .tags(["gpu", "mig", "dcgm-exporter"])
+        .editable()
+        .time("now-1h", "now")
+        .refresh("30s")
+        .tooltip(DashboardCursorSync.CROSSHAIR)
+        .with_variable(
+            dashboard_builders.DatasourceVariable("datasource")
+            .label("Data source")
+            .type("prometheus")
+        )
+        .with_variable(_variable("Hostname", "Host", "label_values(DCGM_FI_DEV_FB_USED, Hostname)"))
+        .with_variable(
+            _variable("gpu", "GPU", 'label_values(DCGM_FI_DEV_FB_USED{Hostname=~"$Hostname"}, gpu)')
+        )
+        .with_variable(
+            _variable(
+                "GPU_I_PROFILE",
+                "MIG profile",
+                f"label_values(DCGM_FI_DEV_FB_USED{{{GPU_MATCHERS}}}, GPU_I_PROFILE)",
+            )
+        )
+    )
+    # The builder positions panels left to right, wrapping at 24 columns; ids keep links stable.
+    for number, panel in enumerate(panels, start=1):
+        builder = builder.with_panel(panel.id(number))
+    model: dict[str, Any] = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
+    return model
+
+
+def render(model: dict[str, Any]) -> str:
+    """The committed file's text: sorted keys, two-space indent, a trailing newline."""
+    return json.dumps(model, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def queries(model: dict[str, Any]) -> list[str]:
+    """Every panel query's PromQL, in panel order, for tests that run them against Prometheus.
+
+    The expressions use only the `$Hostname`, `$gpu` and `$GPU_I_PROFILE` variables, no other
+    Grafana macro, so substituting `.*` for those makes them plain PromQL.
+    """
+    exprs: list[str] = []
+    for panel in model.get("panels", []):
+        for target in panel.get("targets", []):
+            expr = target.get("expr")
+            if isinstance(expr, str) and expr:
+                exprs.append(expr)
+    return exprs
+
+
+def main() -> int:
+    OUTPUT.write_text(render(build()), encoding="utf-8")
+    print(f"wrote {OUTPUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
