@@ -14,7 +14,9 @@ from pathlib import Path
 
 import yaml
 from conftest import ROOT, SAMPLES, run_cli
-from promtext import by_name, parse
+from promtext import Series, by_name, parse
+
+from exporter import dcgm
 
 NODE = "qa-mig-worker-gpu-a100"
 TOPOLOGY = SAMPLES / "topology" / "a100-40gb-active.yaml"
@@ -120,20 +122,32 @@ def test_exporter_all_nodes_once_serves_every_node_as_its_hostname(tmp_path: Pat
         "status_updater", "render", "--nodes", str(SAMPLES / "nodes"), "--layout", "single"
     )
     (tmp_path / "cm.yaml").write_text(rendered.stdout)
-    result = run_cli(
-        "exporter", "--topology-file", str(tmp_path / "cm.yaml"), "--all-nodes", "--once"
-    )
-    assert result.returncode == 0, result.stderr
-    series = parse(result.stdout)
     nodes = sorted(yaml.safe_load(yaml.safe_load(rendered.stdout)["data"]["topology.yml"])["nodes"])
+
+    def exports() -> tuple[str, dict[str, list[Series]]]:
+        """The --all-nodes body, and what each node's own exporter serves, in one time step
+        (values move every step: a run that straddles a step boundary is tried again)."""
+        for _ in range(3):
+            step = time.time() // dcgm.UTILIZATION_STEP_S
+            result = run_cli(
+                "exporter", "--topology-file", str(tmp_path / "cm.yaml"), "--all-nodes", "--once"
+            )
+            assert result.returncode == 0, result.stderr
+            alone = {node: parse(run_cli("exporter", "--topology-file", str(tmp_path / "cm.yaml"),
+                                         "--node-name", node, "--hostname", node, "--once").stdout)
+                     for node in nodes}  # fmt: skip
+            if time.time() // dcgm.UTILIZATION_STEP_S == step:
+                return result.stdout, alone
+        raise AssertionError("three runs straddled a step boundary")
+
+    body, alone = exports()
+    series = parse(body)
     assert sorted({s.label("Hostname") for s in series}) == nodes
     # Each node's series are those its own exporter serves, with its name as Hostname.
     for node in nodes:
-        alone = run_cli("exporter", "--topology-file", str(tmp_path / "cm.yaml"), "--node-name",
-                        node, "--hostname", node, "--once")  # fmt: skip
-        assert [s for s in series if s.label("Hostname") == node] == parse(alone.stdout)
+        assert [s for s in series if s.label("Hostname") == node] == alone[node]
     # Every family once, each with its HELP and TYPE: the text Prometheus accepts.
-    names = [line.split()[2] for line in result.stdout.splitlines() if line.startswith("# TYPE")]
+    names = [line.split()[2] for line in body.splitlines() if line.startswith("# TYPE")]
     assert len(names) == len(set(names)) == len({s.name for s in series})
 
 
@@ -176,6 +190,18 @@ def test_exporter_errors_are_one_line(tmp_path: Path) -> None:
                                        "[{name: 1g.5gb, position: 0, gpu-instance-id: 7}]}]}}")  # fmt: skip
     assert_one_line_error(run_cli("exporter", "--topology-file", str(tmp_path / "bad.yaml"), "--node-name", "n", "--once"),
                           2, "gpus[0].mig-devices[0].name: node n: unknown profile '1g.5gb' for H200-141GB")  # fmt: skip
+    # Nesting that would overflow libyaml's recursion (a crash, not an error) is refused first,
+    # in the file and in the topology.yml a ConfigMap carries.
+    (tmp_path / "deep.yaml").write_text("nodes: " + "[" * 60_000 + "]" * 60_000)
+    assert_one_line_error(run_cli("exporter", "--topology-file", str(tmp_path / "deep.yaml"), "--node-name", "n", "--once"),
+                          2, "is not valid YAML: nests more than 1000 levels deep")  # fmt: skip
+    deep = {
+        "kind": "ConfigMap",
+        "data": {"topology.yml": "nodes: " + "{a: " * 60_000 + "1" + "}" * 60_000},
+    }
+    (tmp_path / "deep-cm.json").write_text(json.dumps(deep))
+    assert_one_line_error(run_cli("exporter", "--topology-file", str(tmp_path / "deep-cm.json"), "--node-name", "n", "--once"),
+                          2, "is not valid YAML: nests more than 1000 levels deep")  # fmt: skip
     assert_one_line_error(run_cli("exporter", "--topology-file", str(TOPOLOGY), "--once", env={"NODE_NAME": ""}), 2,
                           "--node-name (or env NODE_NAME) is required, or --all-nodes")  # fmt: skip
     assert_one_line_error(run_cli("exporter", "--node-name", NODE, "--node-selector", "type=kwok"), 2,

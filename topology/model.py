@@ -6,6 +6,7 @@ when empty so a dump round-trips to the same YAML.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,7 +135,36 @@ SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader
 SafeDumper: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
+# libyaml's composer recurses in C: some tens of thousands of nested `[`/`{` overflow the stack
+# and kill the process (block nesting is bounded by indentation). The schema is a dozen levels
+# deep; a document nesting far deeper is refused before it is parsed.
+MAX_FLOW_DEPTH = 1000
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+
+
+class TooDeepError(yaml.YAMLError):
+    def __str__(self) -> str:
+        return f"nests more than {MAX_FLOW_DEPTH} levels deep"
+
+
+def flow_depth_exceeds(text: str, limit: int = MAX_FLOW_DEPTH) -> bool:
+    """Whether `[`/`{` nest deeper than `limit`, counting brackets inside strings too (so an
+    over-estimate: only a text with a thousand unclosed brackets is refused)."""
+    depth = 0
+    for c in _NOT_BRACKETS.sub("", text):
+        if c in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif depth:
+            depth -= 1
+    return False
+
+
 def load_document(text: str) -> Any:
+    """YAML (or JSON) text, parsed safely: TooDeepError, a yaml.YAMLError, when it nests too deep."""
+    if flow_depth_exceeds(text):
+        raise TooDeepError()
     return yaml.load(text, Loader=SafeLoader)
 
 
