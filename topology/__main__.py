@@ -1,0 +1,105 @@
+"""`python -m topology show FILE [--node N]`: draw a topology's GPUs, slot by slot.
+
+FILE is what the updater's `render` prints (a ConfigMap, or a `kind: List` of per-node ones) or a
+bare `topology.yml`. The CLI edge of the package, its only I/O: bad input of any kind is one line
+on stderr, `python -m topology: <file>: <reason>`, and exit status 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+import sys
+from collections.abc import Sequence
+
+from topology.configmap import parse_document
+from topology.errors import TopologyError, one_line
+from topology.show import picture
+
+PROG = "python -m topology"
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+# A rendered List of per-node ConfigMaps is a few KiB per node; 16 MiB is thousands of nodes.
+MAX_FILE_BYTES = 16 << 20
+
+
+class InputError(Exception):
+    """A file that cannot be used, with the reason in one line."""
+
+
+def read_text(path: str) -> str:
+    """The file's text: a regular file, at most MAX_FILE_BYTES, UTF-8."""
+    try:
+        # Non-blocking: a FIFO given by mistake is refused, not waited on.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise InputError("not a regular file")
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise InputError(f"cannot be read: {e.strerror or e}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise InputError(f"larger than {MAX_FILE_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError("not UTF-8 text") from None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Look at a MIG topology.")
+    commands = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    show = commands.add_parser(
+        "show",
+        help="draw each GPU as a bar of its memory slots, with its MIG instances and their pods",
+        description="Draw each GPU as a bar of its memory slots: every MIG instance over the "
+        "slots it occupies, with its profile, GI id and the pod holding it (or free).",
+    )
+    show.add_argument("file", metavar="FILE", help="a topology ConfigMap, List, or topology.yml")
+    show.add_argument("--node", metavar="N", help="only this node")
+    return p
+
+
+def _fail(reason: str) -> int:
+    print(f"{PROG}: {_one_line(reason)}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def show(path: str, node: str | None) -> int:
+    name = _one_line(path)
+    try:
+        text = read_text(path)
+    except InputError as e:
+        return _fail(f"{name}: {e}")
+    try:
+        out = picture(parse_document(text, name), node, obj=name)
+    except TopologyError as e:
+        return _fail(str(e))
+    except RecursionError:
+        return _fail(f"{name}: topology: is nested too deeply")
+    try:
+        sys.stdout.write(out)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `| head`: the reader has gone, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return show(args.file, args.node)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # the last guard: one line, never a traceback
+        print(f"{PROG}: internal error: {type(e).__name__}: {one_line(e)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
