@@ -70,6 +70,7 @@ BASE_OBJECTS = {
     ("Deployment", UPDATER),
     ("Service", EXPORTER),
     ("ServiceMonitor", EXPORTER),
+    ("PrometheusRule", "mig-exporter"),
 }
 EXPECTED_OBJECTS = {
     "per-node": BASE_OBJECTS,
@@ -155,7 +156,56 @@ SERVICEMONITOR_SCHEMA: dict[str, Any] = {
         },
     },
 }
-CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICEMONITOR_SCHEMA}
+# The same for PrometheusRule (monitoring.coreos.com_prometheusrules.yaml): a rule records or
+# alerts, never both; the PromQL itself is checked by promtool in tests/test_rules.py.
+_RULE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["expr"],
+    "properties": {
+        "record": {"type": "string"},
+        "alert": {"type": "string"},
+        "expr": {"type": ["string", "integer"]},
+        "for": {"type": "string", "pattern": _DURATION},
+        "keep_firing_for": {"type": "string", "pattern": _DURATION},
+        "labels": _STRING_MAP,
+        "annotations": _STRING_MAP,
+    },
+    "oneOf": [{"required": ["record"]}, {"required": ["alert"]}],
+}
+PROMETHEUSRULE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": {"type": "object"},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["name"],
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "interval": {"type": "string", "pattern": _DURATION},
+                            "rules": {"type": "array", "items": _RULE},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICEMONITOR_SCHEMA,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): PROMETHEUSRULE_SCHEMA,
+}
 
 
 # ----------------------------------------------------------------------------- loading
