@@ -85,3 +85,22 @@ def test_the_unit_tests_catch_a_broken_rule(tmp_path: Path, what: str, old: str,
     directory = unit_test_dir(tmp_path, broken["spec"])
     result = promtool("test", "rules", UNIT_TESTS.name, cwd=directory)
     assert result.returncode != 0, f"{what}: a broken rule passed its unit tests"
+
+
+def test_the_readme_scrape_config_is_valid(tmp_path: Path) -> None:
+    """The plain scrape config the README gives users without the operator."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("**Scrape.**") :]
+    block = section[section.index("```yaml\n") + len("```yaml\n") : section.index("```\n", 8)]
+    config = yaml.safe_load(block)
+    (job,) = config["scrape_configs"]
+    assert job["job_name"] == "nvidia-dcgm-exporter" and job["honor_labels"] is False
+    # Debian builds Prometheus without Kubernetes discovery, so promtool there rejects the key
+    # itself: the discovery is checked here, the rest (relabelling included) by promtool.
+    assert job.pop("kubernetes_sd_configs") == [
+        {"role": "pod", "namespaces": {"names": ["gpu-operator"]}}
+    ]
+    job["static_configs"] = [{"targets": ["127.0.0.1:9400"]}]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    result = promtool("check", "config", "prometheus.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
