@@ -141,7 +141,7 @@ def entities(node: NodeTopology, options: Options, now: float) -> list[tuple[str
         if mig and model is not None and gpu.mig_devices:
             instances = tuple(sorted(gpu.mig_devices, key=lambda d: _mig_order(model, d)))
         reading, per_instance = readings.read_gpu(
-            gpu, model, node.gpu_memory, now, options.energy, instances
+            gpu, model, node.gpu_memory, now, (options.energy, options.hostname), instances
         )
         if not mig:
             out.append((GPU, base + host + extra + _holder(gpu.status), reading))

@@ -46,6 +46,7 @@ class NodesExporter:
         self._dirty: set[str] = set()  # nodes to render again
         self._parts: dict[str, dict[str, bytes]] = {}  # node -> its fragments, as served
         self._moving: set[str] = set()  # nodes whose values move in time
+        self._gpus: dict[str, set[str]] = {}  # node -> its GPU ids, whose energy is counted
         self._step: int | None = None
         self._problems: dict[str, str] = {_START: "no topology yet"}  # source -> reason
 
@@ -143,10 +144,14 @@ class NodesExporter:
             }
             problems = sorted(self._problems.values())
         for name, node in todo.items():
+            gone = self._gpus.pop(name, set())
             if node is None:
                 self._parts.pop(name, None)
                 self._moving.discard(name)
+                self.options.energy.drop(name, gone)  # nodes come and go (KWOK): keep no counter
                 continue
+            self._gpus[name] = {gpu.id for gpu in node.gpus}
+            self.options.energy.drop(name, gone - self._gpus[name])
             self._parts[name] = dcgm.fragments(node, replace(self.options, hostname=name), now)
             moving = dcgm.moves_in_time(node, self.options.counters)
             (self._moving.add if moving else self._moving.discard)(name)

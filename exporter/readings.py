@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from topology.catalog import GENERIC_FIGURES, Figures, GpuModel
@@ -111,11 +112,13 @@ class EnergyMeter:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._gpus: dict[str, tuple[float, float, float]] = {}  # id -> (time, mJ, W since)
+        # (node, GPU id) -> (time, mJ, W since): GPU ids are unique in a cluster the updater
+        # describes, but not in every hand-written topology.
+        self._gpus: dict[tuple[str, str], tuple[float, float, float]] = {}
 
-    def read(self, gpu_id: str, at: float, power_w: float, limit_w: float) -> int:
+    def read(self, node: str, gpu_id: str, at: float, power_w: float, limit_w: float) -> int:
         with self._lock:
-            last = self._gpus.get(gpu_id)
+            last = self._gpus.get((node, gpu_id))
             if last is None:
                 boot = BOOT_EPOCH_S + int(_draw(f"boot/{gpu_id}") * BOOT_SPREAD_S)
                 t, mj = at, limit_w * max(at - boot, 0.0) * 1000
@@ -124,13 +127,17 @@ class EnergyMeter:
                 if at > t:  # a clock that went back adds nothing
                     mj += drawn * (at - t) * 1000
                     t = at
-            self._gpus[gpu_id] = (t, mj, power_w)
+            self._gpus[node, gpu_id] = (t, mj, power_w)
             return int(mj)
 
-    def forget(self, keep: set[str]) -> None:
+    def drop(self, node: str, gpu_ids: Iterable[str]) -> None:
+        """Stop counting GPUs that are gone; one that comes back starts again (never lower)."""
         with self._lock:
-            for gpu_id in set(self._gpus) - keep:
-                del self._gpus[gpu_id]
+            for gpu_id in gpu_ids:
+                self._gpus.pop((node, gpu_id), None)
+
+    def __len__(self) -> int:
+        return len(self._gpus)
 
 
 def _mig_fb(model: GpuModel, dev: MigDevice) -> tuple[int, int, int]:
@@ -161,10 +168,11 @@ def read_gpu(
     model: GpuModel | None,
     gpu_memory: int,
     now: float,
-    energy: EnergyMeter,
+    energy: tuple[EnergyMeter, str],
     instances: tuple[MigDevice, ...],
 ) -> tuple[Reading, list[Reading]]:
-    """The GPU's own reading and one per instance (of `instances`, in their order)."""
+    """The GPU's own reading and one per instance (of `instances`, in their order). `energy` is
+    the meter and the name it keeps this node's counters under (the series' Hostname)."""
     figures: Figures = model.figures if model else GENERIC_FIGURES
     step = step_of(now)
     mig = gpu.mig_devices is not None and model is not None
@@ -191,7 +199,8 @@ def read_gpu(
     gpu_temp = round(
         figures.gpu_temp_idle_c + (figures.gpu_temp_max_c - figures.gpu_temp_idle_c) * heat
     )
-    joules = energy.read(gpu.id, step * STEP_S, power, figures.max_power_w)
+    meter, node = energy
+    joules = meter.read(node, gpu.id, step * STEP_S, power, figures.max_power_w)
     total = model.fb_total_mib if model else gpu_memory
     reserved = model.total_memory_mib - total if model else 0
     used = 0 if mig else fb_used(gpu.status, total)

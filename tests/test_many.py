@@ -179,3 +179,25 @@ def test_sources_and_the_node_selector_decide_which_nodes_are_served() -> None:
         and snap.reason == "ConfigMaps gpu-operator: HTTP 500 Internal Server Error"
     )
     assert {s.label("Hostname") for s in parse(snap.body.decode())} == {"b", "c"}
+
+
+def test_a_node_that_goes_leaves_no_energy_counter_behind() -> None:
+    """KWOK clusters create and delete nodes all day: the meter counts only served GPUs, each
+    node's apart (the fixture's nodes even share GPU ids)."""
+    with freeze_time("2026-11-22 10:00:00") as clock:
+        many = exporter()
+        for name, percent in (("a", 0), ("b", 100)):
+            many.update_source(f"topology-{name}", doc(name, whole_gpu(percent, percent)), name)
+        many.render()
+        clock.tick(dcgm.UTILIZATION_STEP_S)
+        body = parse(many.render().body.decode())
+        energy = {s.label("Hostname"): s.value for s in body
+                  if s.name == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" and s.label("gpu") == "0"}  # fmt: skip
+        assert energy["b"] > energy["a"]  # the busy node's GPU 0 drew more in the step
+        assert len(many.options.energy) == 4
+        many.remove_source("topology-a")
+        many.render()
+        assert len(many.options.energy) == 2
+        many.select(set())  # nothing selected: nothing served, nothing counted
+        many.render()
+        assert len(many.options.energy) == 0
