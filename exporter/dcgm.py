@@ -224,11 +224,13 @@ def _headers(counters: Counters) -> tuple[tuple[str, bytes], ...]:
     )
 
 
-def join(parts: Iterable[Mapping[str, bytes]], counters: Counters | None = None) -> bytes:
-    """Prometheus text format as dcgm-exporter writes it.
+def join_parts(
+    parts: Iterable[Mapping[str, bytes]], counters: Counters | None = None
+) -> tuple[bytes, ...]:
+    """Prometheus text format as dcgm-exporter writes it, as the pieces to send in order.
 
     `parts` are `fragments` of one or more nodes; each family is written once, in the counters'
-    order, its series in the order of `parts`.
+    order, its series in the order of `parts`. Nothing is copied: many nodes' body is large.
     """
     parts = list(parts)
     out: list[bytes] = []
@@ -237,7 +239,11 @@ def join(parts: Iterable[Mapping[str, bytes]], counters: Counters | None = None)
         if chunks:
             out.append(header)
             out += chunks
-    return b"".join(out)
+    return tuple(out)
+
+
+def join(parts: Iterable[Mapping[str, bytes]], counters: Counters | None = None) -> bytes:
+    return b"".join(join_parts(parts, counters))
 
 
 def render(node: NodeTopology | None, options: Options, now: float) -> bytes:

@@ -155,7 +155,9 @@ class NodesExporter:
             self._parts[name] = dcgm.fragments(node, replace(self.options, hostname=name), now)
             moving = dcgm.moves_in_time(node, self.options.counters)
             (self._moving.add if moving else self._moving.discard)(name)
-        body = dcgm.join((self._parts[name] for name in sorted(self._parts)), self.options.counters)
+        body = dcgm.join_parts(
+            (self._parts[name] for name in sorted(self._parts)), self.options.counters
+        )
         if not problems:
             return Snapshot(body, True, "ok")
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""

@@ -72,7 +72,7 @@ class Exporter:
 
     def snapshot(self) -> Snapshot:
         body = dcgm.render(self._node, self.options, self.clock())
-        return Snapshot(body, self._problem is None, self._problem or "ok")
+        return Snapshot((body,), self._problem is None, self._problem or "ok")
 
     def run(self, stop: threading.Event) -> None:
         """Render on every change, and each utilization step since simulated values move in time."""

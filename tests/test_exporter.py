@@ -3,13 +3,16 @@ last good topology kept when an update is bad."""
 
 from __future__ import annotations
 
+import socket
+import threading
+
 import yaml
 from conftest import SAMPLES
 from freezegun import freeze_time
 from promtext import by_name, parse
 
 from exporter import dcgm
-from exporter.server import Published
+from exporter.server import IOV_MAX, Published, Snapshot, send_all
 from exporter.service import Exporter
 from topology.model import (
     AllocatedBy,
@@ -88,3 +91,27 @@ def test_health_and_last_good_state() -> None:
     exporter.update(Topology("mixed", {}), "cm")
     snap = exporter.snapshot()
     assert snap.body == good.body and not snap.healthy and "is not in the topology" in snap.reason
+
+
+def test_a_body_of_many_parts_arrives_whole_and_in_order() -> None:
+    """/metrics hands the kernel the parts as they are: more than one sendmsg holds, cut at
+    arbitrary points by a small socket buffer, and nothing lost or reordered."""
+    parts = [f"part {i} ".encode() * (i % 50) for i in range(3 * IOV_MAX + 7)]
+    sender, receiver = socket.socketpair()
+    sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    sender.settimeout(10)  # as a server with a timeout: sends may stop part way
+    received = bytearray()
+
+    def read() -> None:
+        while chunk := receiver.recv(1 << 16):
+            received.extend(chunk)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    send_all(sender, parts)
+    sender.close()
+    reader.join(10)
+    receiver.close()
+    assert bytes(received) == b"".join(parts)
+    snapshot = Snapshot(tuple(parts), True, "ok")
+    assert snapshot.size == len(snapshot.body) == len(received)
