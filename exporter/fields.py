@@ -18,10 +18,10 @@ Where a field is served follows the dumps:
 from __future__ import annotations
 
 import logging
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from kube.files import UnreadableFile, read_text
 
 log = logging.getLogger("exporter")
 
@@ -170,20 +170,9 @@ def read_counters(path: Path = DEFAULT_COUNTERS) -> Counters:
     """Read a counters CSV, logging each skipped line; CountersError when it cannot be used."""
     source = f"counters file {path}"
     try:
-        # Non-blocking open: a FIFO given by mistake is refused, not waited on.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise CountersError(f"{source}: not a regular file")
-            data = f.read(MAX_COUNTERS_BYTES + 1)
-    except OSError as e:
-        raise CountersError(f"{source}: cannot be read: {e.strerror}") from None
-    if len(data) > MAX_COUNTERS_BYTES:
-        raise CountersError(f"{source}: larger than {MAX_COUNTERS_BYTES} bytes")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise CountersError(f"{source}: not UTF-8 text") from None
+        text = read_text(path, MAX_COUNTERS_BYTES)
+    except UnreadableFile as e:
+        raise CountersError(f"{source}: {e}") from None
     counters, warnings = parse_counters(text, source)
     for w in warnings:
         log.warning("%s", w)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -190,6 +191,9 @@ def test_exporter_errors_are_one_line(tmp_path: Path) -> None:
                                        "[{name: 1g.5gb, position: 0, gpu-instance-id: 7}]}]}}")  # fmt: skip
     assert_one_line_error(run_cli("exporter", "--topology-file", str(tmp_path / "bad.yaml"), "--node-name", "n", "--once"),
                           2, "gpus[0].mig-devices[0].name: node n: unknown profile '1g.5gb' for H200-141GB")  # fmt: skip
+    os.mkfifo(tmp_path / "fifo.yaml")  # a wrong path must not hang the exporter
+    assert_one_line_error(run_cli("exporter", "--topology-file", str(tmp_path / "fifo.yaml"), "--node-name", "n", "--once", timeout=10),
+                          2, "topology: not a regular file")  # fmt: skip
     # Nesting that would overflow libyaml's recursion (a crash, not an error) is refused first,
     # in the file and in the topology.yml a ConfigMap carries.
     (tmp_path / "deep.yaml").write_text("nodes: " + "[" * 60_000 + "]" * 60_000)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import stat
 import sys
 from collections.abc import Sequence
 
+from kube.files import UnreadableFile, read_text
 from topology.configmap import parse_document
 from topology.errors import TopologyError, one_line
 from topology.show import picture
@@ -21,30 +21,6 @@ PROG = "python -m topology"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 # A rendered List of per-node ConfigMaps is a few KiB per node; 16 MiB is thousands of nodes.
 MAX_FILE_BYTES = 16 << 20
-
-
-class InputError(Exception):
-    """A file that cannot be used, with the reason in one line."""
-
-
-def read_text(path: str) -> str:
-    """The file's text: a regular file, at most MAX_FILE_BYTES, UTF-8."""
-    try:
-        # Non-blocking: a FIFO given by mistake is refused, not waited on.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise InputError("not a regular file")
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise InputError(f"cannot be read: {e.strerror or e}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise InputError(f"larger than {MAX_FILE_BYTES} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError("not UTF-8 text") from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -73,8 +49,8 @@ def _one_line(text: str) -> str:
 def show(path: str, node: str | None) -> int:
     name = _one_line(path)
     try:
-        text = read_text(path)
-    except InputError as e:
+        text = read_text(path, MAX_FILE_BYTES)
+    except UnreadableFile as e:
         return _fail(f"{name}: {e}")
     try:
         out = picture(parse_document(text, name), node, obj=name)
