@@ -31,7 +31,7 @@ from exporter import readings
 from exporter.fields import DEFAULT_COUNTERS, EMPTY, GPU, MIG, Counter, Counters, read_counters
 from exporter.readings import EnergyMeter, Reading
 from topology.catalog import GpuModel, model_for_product, nvml_model_name
-from topology.model import Gpu, MigDevice, NodeTopology
+from topology.model import DeviceStatus, Gpu, MigDevice, NodeTopology
 
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 FB_FREE = "DCGM_FI_DEV_FB_FREE"
@@ -119,9 +119,9 @@ def _label_fields(options: Options, gpu: Gpu) -> Labels:
     return tuple((name, _label_value(name, options, gpu)) for name in options.counters.labels)
 
 
-def _holder(status: object) -> tuple[tuple[str, str], ...]:
+def _holder(status: DeviceStatus | None) -> Labels:
     """container, namespace, pod of the pod holding a device (empty when free)."""
-    a = getattr(status, "allocated_by", None)
+    a = status.allocated_by if status else None
     values = (a.container, a.namespace, a.pod) if a else ("", "", "")
     return tuple(zip(("container", "namespace", "pod"), values, strict=True))
 
