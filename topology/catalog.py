@@ -29,10 +29,18 @@ class Profile:
     # FB_USED + FB_FREE as DCGM reports it for an instance; differs from memory_mib where a real
     # dump shows DCGM losing a MiB to rounding (A100-40GB 2g.10gb: 9855 of 9856).
     dcgm_fb_total_mib: int | None = None
+    # Where the driver puts an instance created without a placement (mig-manager's way): the
+    # first free start in this order.
+    preferred: tuple[int, ...] = ()
 
     @property
     def fb_total_mib(self) -> int:
         return self.memory_mib if self.dcgm_fb_total_mib is None else self.dcgm_fb_total_mib
+
+    @property
+    def is_base(self) -> bool:
+        """No attribute such as `+me`: the profiles mig-parted's `all-balanced` is made of."""
+        return "+" not in self.name
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,9 @@ class GpuModel:
     # A100-SXM4-40GB sample has it, most H100-class dumps do not (mig-profiles.md section 3).
     swapped_halves: bool = False
     figures: Figures = GENERIC_FIGURES
+    # PCI device ids (`0x20B010DE`) a mig-parted `device-filter` names this model by: the ids
+    # `config-default.yaml` lists for its group (SXM, PCIe and the export variants).
+    pci_ids: tuple[str, ...] = ()
     _by_name: dict[str, Profile] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -142,6 +153,15 @@ def _p(
         placements = (0, 2)
     else:
         placements = tuple(range(slots))
+    # `nvidia-smi mig -cgi` without a placement, on 8-slot GPUs (mig-profiles.md section 3.2):
+    # 1-slice instances go to 6, 4, 5, 0, 1, 2, 3; 2-slice to 4, 0, 2 (then 6); 4-slice to 4, 0.
+    # Not observed on the A30: lowest start first.
+    if slots == 8 and mem_slices < slots:
+        first = {1: (6, 4, 5), 2: (4, 0, 2), 4: (4, 0)}[mem_slices]
+        preferred = first + tuple(p for p in placements if p not in first)
+        preferred = tuple(p for p in preferred if p in placements)
+    else:
+        preferred = placements
     if plus_me:
         max_count = 1
     elif slots == 8:
@@ -151,7 +171,15 @@ def _p(
     else:
         max_count = slots // mem_slices
     return Profile(
-        name, profile_id, compute, mem_slices, placements, max_count, memory_mib, dcgm_fb_total_mib
+        name,
+        profile_id,
+        compute,
+        mem_slices,
+        placements,
+        max_count,
+        memory_mib,
+        dcgm_fb_total_mib,
+        preferred,
     )
 
 
@@ -211,6 +239,7 @@ MODELS: tuple[GpuModel, ...] = (
         ),
         dcgm_fb_total_mib=40384,  # the MIG-disabled dump: FB_FREE 40384, FB_USED 0
         swapped_halves=True,  # sample: 2g.10gb@0 -> GI 5, 1g.5gb@4 -> 7, @6 -> 9
+        pci_ids=("0x20B010DE", "0x20B110DE", "0x20F110DE", "0x20F610DE"),
         figures=Figures(
             46.0,
             76.0,
@@ -243,6 +272,7 @@ MODELS: tuple[GpuModel, ...] = (
             two_slice_1g="1g.20gb",
             two_slice_1g_mib=19968,
         ),
+        pci_ids=("0x20B210DE", "0x20B510DE", "0x20F310DE", "0x20F510DE"),
         figures=Figures(
             50.0,
             80.0,
@@ -268,6 +298,7 @@ MODELS: tuple[GpuModel, ...] = (
             _p("2g.12gb", 5, 2, 2, 11968, slots=4),
             _p("4g.24gb", 0, 4, 4, 24064, slots=4),
         ),
+        pci_ids=("0x20B710DE",),
         figures=Figures(
             30.0,
             45.0,
@@ -299,6 +330,7 @@ MODELS: tuple[GpuModel, ...] = (
             two_slice_1g="1g.20gb",
             two_slice_1g_mib=20096,
         ),
+        pci_ids=("0x233010DE", "0x233110DE", "0x232210DE", "0x232410DE"),
         figures=Figures(
             70.0,
             115.0,
@@ -330,6 +362,7 @@ MODELS: tuple[GpuModel, ...] = (
             two_slice_1g="1g.24gb",
             two_slice_1g_mib=22016,
         ),
+        pci_ids=("0x232110DE", "0x233A10DE"),
         figures=Figures(
             60.0,
             95.0,
@@ -361,6 +394,7 @@ MODELS: tuple[GpuModel, ...] = (
             two_slice_1g="1g.24gb",
             two_slice_1g_mib=23552,
         ),
+        pci_ids=("0x234210DE", "0x233D10DE", "0x20B610DE", "0x232910DE"),
         figures=Figures(
             70.0,
             115.0,
@@ -392,6 +426,7 @@ MODELS: tuple[GpuModel, ...] = (
             two_slice_1g="1g.35gb",
             two_slice_1g_mib=33024,
         ),
+        pci_ids=("0x233510DE", "0x233B10DE"),
         figures=Figures(
             75.0,
             120.0,
@@ -424,6 +459,7 @@ MODELS: tuple[GpuModel, ...] = (
             two_slice_1g="1g.45gb",
             two_slice_1g_mib=45312,
         ),
+        pci_ids=("0x290110DE",),
         figures=Figures(
             120.0,
             180.0,
@@ -438,6 +474,21 @@ MODELS: tuple[GpuModel, ...] = (
         ),
     ),
 )
+
+# mig-parted's `all-balanced`: per compute-slot count of the GPU, instances per compute size (1g,
+# 2g, 3g), each the base profile of that size with the highest max count (pkg/mig/builder).
+_BALANCED = {7: {1: 2, 2: 1, 3: 1}, 4: {1: 2, 2: 1}}
+
+
+def balanced(model: GpuModel) -> dict[str, int]:
+    """The `all-balanced` mix of a model: 2x 1g, 1x 2g, 1x 3g on 7 compute slices."""
+    mix: dict[str, int] = {}
+    for size, count in _BALANCED.get(model.compute_slots, {}).items():
+        fits = [p for p in model.profiles if p.is_base and p.compute_slices == size]
+        if fits:
+            mix[max(fits, key=lambda p: p.max_count).name] = count
+    return mix
+
 
 _BY_LABEL: dict[str, GpuModel] = {label: m for m in MODELS for label in m.product_labels}
 
