@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from topology import migparted
 from topology.catalog import base_product
 from topology.errors import TopologyError, one_line
 from topology.model import load_document
@@ -100,6 +101,7 @@ class MigLayout:
 
 
 def parse_mig_config(text: str, obj: str, gpu_count: int) -> MigLayout:
+    """mig-parted's format (topology/migparted.py) with one config, `selected`, at positions."""
     field = f"metadata.annotations[{ANNOTATION_MIG_CONFIG}]"
     try:
         doc = load_document(text)
@@ -107,35 +109,25 @@ def parse_mig_config(text: str, obj: str, gpu_count: int) -> MigLayout:
         raise TopologyError(obj, field, f"is not valid YAML: {one_line(e)}") from None
     configs = doc.get("mig-configs") if isinstance(doc, dict) else None
     selected = configs.get("selected") if isinstance(configs, dict) else None
+    where = f"{field}.mig-configs.selected"
     if not isinstance(selected, list):
-        raise TopologyError(obj, f"{field}.mig-configs.selected", "expected a list")
+        raise TopologyError(obj, where, "expected a list")
     enabled: dict[int, bool] = {}
     devices: dict[int, tuple[tuple[int, str], ...]] = {}
-    for i, entry in enumerate(selected):
-        where = f"{field}.mig-configs.selected[{i}]"
-        if not isinstance(entry, dict):
-            raise TopologyError(obj, where, f"expected a mapping, got {entry!r}")
-        indices = _device_indices(entry.get("devices"), obj, f"{where}.devices", gpu_count)
-        on = entry.get("mig-enabled", False)
-        if not isinstance(on, bool):
-            raise TopologyError(obj, f"{where}.mig-enabled", f"expected true or false, got {on!r}")
-        layout = _mig_devices(entry.get("mig-devices"), obj, f"{where}.mig-devices") if on else ()
-        for index in indices:
-            enabled[index] = on
-            devices[index] = layout
+    for i, entry in enumerate(migparted.entries(selected, obj, where, _positions)):
+        indices = range(gpu_count) if entry.devices is None else entry.devices
+        for k, index in enumerate(indices):
+            if index >= gpu_count:
+                raise TopologyError(
+                    obj, f"{where}[{i}].devices[{k}]", f"GPU index {index} >= gpu count {gpu_count}"
+                )
+            enabled[index] = entry.mig_enabled
+            devices[index] = tuple((pos, name) for name, pos in entry.mig_devices)
     return MigLayout(enabled, devices)
 
 
-def _device_indices(value: object, obj: str, field: str, gpu_count: int) -> list[int]:
-    if value == "all":
-        return list(range(gpu_count))
-    if not isinstance(value, list) or not value:
-        raise TopologyError(obj, field, f"expected a list of GPU indices or 'all', got {value!r}")
-    indices = [_int(v, obj, f"{field}[{i}]") for i, v in enumerate(value)]
-    for i, index in enumerate(indices):
-        if index >= gpu_count:
-            raise TopologyError(obj, f"{field}[{i}]", f"GPU index {index} >= gpu count {gpu_count}")
-    return indices
+def _positions(value: object, obj: str, field: str) -> tuple[tuple[str, int], ...]:
+    return tuple((name, pos) for pos, name in _mig_devices(value, obj, field))
 
 
 def _mig_devices(value: object, obj: str, field: str) -> tuple[tuple[int, str], ...]:
