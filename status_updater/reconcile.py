@@ -8,16 +8,25 @@ reconciled.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from status_updater import usage
 from status_updater.usage import pod_usage
-from topology import runai
+from topology import migparted, runai
 from topology.catalog import MIG_SUFFIX, GpuModel, model_for_product
 from topology.errors import TopologyError
-from topology.model import AllocatedBy, DeviceStatus, Gpu, MigDevice, NodeTopology, Topology
+from topology.model import (
+    AllocatedBy,
+    DeviceStatus,
+    Gpu,
+    MigDevice,
+    NodeTopology,
+    PodUsage,
+    Topology,
+)
 from topology.validate import node_errors
 
 Obj = Mapping[str, Any]
@@ -29,6 +38,11 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 def gpu_uuid(node_name: str, index: int) -> str:
     return f"GPU-{uuid.uuid5(_GPU_NAMESPACE, f'{node_name}/{index}')}"
+
+
+def mig_uuid(node_name: str, index: int, gpu_instance_id: int) -> str:
+    """A static-MIG instance's id: stable for its node, GPU and GI (mig-manager's are random)."""
+    return f"MIG-{uuid.uuid5(_GPU_NAMESPACE, f'{node_name}/{index}/{gpu_instance_id}')}"
 
 
 def _meta(obj: Obj) -> Mapping[str, Any]:
@@ -67,12 +81,31 @@ def node_strategy(node: Obj) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def static_layout(node: Obj) -> str | None:
+    """The mig-parted layout a static-MIG node is labelled with (None on run:ai dynamic MIG)."""
+    labels = _strings(_meta(node).get("labels"))
+    value = labels.get(migparted.LABEL_CONFIG)
+    dynamic = (
+        labels.get(runai.LABEL_DYNAMIC_MIG) == "true"
+        and labels.get(runai.LABEL_MIG_ENABLED) == "true"
+    )
+    return value if isinstance(value, str) and value and not dynamic else None
+
+
+def is_single_strategy(node: Obj) -> bool:
+    """GFD's single strategy: `nvidia.com/gpu` counts MIG devices (the GPU operator's default
+    strategy, so a product label naming a profile without a strategy label is single too)."""
+    strategy = node_strategy(node)
+    product = _strings(_meta(node).get("labels")).get(runai.LABEL_PRODUCT)
+    return strategy == "single" or (strategy is None and MIG_SUFFIX in str(product))
+
+
 # --- what is kept of each object -----------------------------------------------------------------
 # A cluster holds many times more than reconcile reads (managedFields, status, other annotations):
 # the caches keep only these, in the same JSON shape, so the code below reads either form.
 
 NODE_LABELS = (runai.LABEL_PRODUCT, runai.LABEL_COUNT, runai.LABEL_MEMORY, runai.LABEL_STRATEGY,
-               runai.LABEL_DYNAMIC_MIG, runai.LABEL_MIG_ENABLED)  # fmt: skip
+               runai.LABEL_DYNAMIC_MIG, runai.LABEL_MIG_ENABLED, migparted.LABEL_CONFIG)  # fmt: skip
 NODE_ANNOTATIONS = (runai.ANNOTATION_MIG_CONFIG, runai.ANNOTATION_MIG_MAPPING)
 POD_ANNOTATIONS = (
     runai.ANNOTATION_POD_MIG_DEVICE,
@@ -112,9 +145,8 @@ def slim_pod(pod: Obj) -> dict[str, Any]:
             continue
         resources = c.get("resources")
         limits = resources.get("limits") if isinstance(resources, Mapping) else None
-        kept.append(
-            {"name": c.get("name"), "resources": {"limits": _only(limits, (GPU_RESOURCE,))}}
-        )
+        gpu_limits = {k: v for k, v in _strings(limits).items() if _is_gpu_resource(k)}
+        kept.append({"name": c.get("name"), "resources": {"limits": gpu_limits}})
     return {
         "kind": "Pod",
         "metadata": {
@@ -133,16 +165,22 @@ def may_hold_gpu(pod: Obj) -> bool:
     Only these are kept: on a real cluster most pods never touch a GPU.
     """
     annotations = _strings(_meta(pod).get("annotations"))
-    return holds_gpu(pod) and (
-        runai.ANNOTATION_POD_MIG_DEVICE in annotations or _whole_gpus_requested(pod) > 0
-    )
+    return holds_gpu(pod) and (runai.ANNOTATION_POD_MIG_DEVICE in annotations or any(requests(pod)))
 
 
 # --- nodes ---------------------------------------------------------------------------------------
 
 
-def build_node(node: Obj) -> NodeTopology:
-    """A node's GPUs and MIG devices, without allocations. Raises TopologyError if unusable."""
+def build_node(
+    node: Obj,
+    layouts: migparted.Layouts | None = None,
+    warnings: list[TopologyError] | None = None,
+) -> NodeTopology:
+    """A node's GPUs and MIG devices, without allocations. Raises TopologyError if unusable.
+
+    A static-MIG node takes its layout from `layouts` (mig-parted's, default the built-in ones);
+    a layout that cannot be applied is a warning, and leaves MIG on with no instance.
+    """
     name = node_name(node)
     obj = f"node {name}"
     meta = _meta(node)
@@ -154,6 +192,16 @@ def build_node(node: Obj) -> NodeTopology:
     layout = None
     mapping: dict[tuple[int, int], runai.MappedDevice] = {}
     model = model_for_product(labels.gpu_product)
+    config_name = static_layout(node)
+    if config_name is not None:
+        layouts = migparted.builtin() if layouts is None else layouts
+        gpus = _static_gpus(name, layouts, config_name, model, raw_product, gpu_count, warnings)
+        memory = labels.gpu_memory
+        if model is not None and (memory == 0 or single):
+            memory = model.total_memory_mib
+        return _checked(
+            name, NodeTopology(len(gpus), memory, labels.gpu_product, False, tuple(gpus))
+        )
     if labels.is_dynamic_mig_enabled:
         if model is None:
             raise TopologyError(
@@ -187,10 +235,62 @@ def build_node(node: Obj) -> NodeTopology:
         is_dynamic_mig_enabled=labels.is_dynamic_mig_enabled,
         gpus=tuple(gpus),
     )
+    return _checked(name, topo)
+
+
+def _checked(name: str, topo: NodeTopology) -> NodeTopology:
     errors = node_errors(name, topo)
     if errors:
         raise errors[0]
     return topo
+
+
+def _static_gpus(
+    name: str,
+    layouts: migparted.Layouts,
+    config_name: str,
+    model: GpuModel | None,
+    raw_product: str,
+    labelled: int,
+    warnings: list[TopologyError] | None,
+) -> list[Gpu]:
+    """The GPUs of a static-MIG node as mig-manager leaves them after applying its layout."""
+    obj = f"node {name}"
+    count = labelled
+    if MIG_SUFFIX in raw_product and model is not None:
+        # Single strategy: gpu.count counts MIG devices of the product's profile. Per GPU, the
+        # layout's number of them; if the layout changed since GFD wrote the labels (a relabel
+        # of a simulated node), as many as fit, as in the all-<profile> layouts.
+        profile = model.profile(raw_product.split(MIG_SUFFIX, 1)[1])
+        per_gpu = profile.max_count if profile else 1
+        try:
+            (first, *_) = migparted.node_layout(layouts, config_name, model, 1, obj)
+            shown = {p for _, p in first.devices}
+            if profile is not None and shown == {profile.name}:
+                per_gpu = len(first.devices)
+        except TopologyError:
+            pass  # reported below, with the node's real GPU count
+        count = max(1, -(-labelled // per_gpu))
+    try:
+        per_gpu_layout = migparted.node_layout(layouts, config_name, model, count, obj)
+    except TopologyError as e:
+        if warnings is not None:
+            warnings.append(e)
+        per_gpu_layout = [migparted.GpuLayout(True, ())] * count
+    gpus = []
+    for index, layout in enumerate(per_gpu_layout):
+        migs: tuple[MigDevice, ...] | None = None
+        if layout.mig_enabled and model is not None:
+            devices = []
+            for position, profile_name in layout.devices:
+                profile = model.profile(profile_name)
+                if profile is None:
+                    continue  # never: placed from the catalog's profiles
+                gi = model.gpu_instance_id(profile, position)
+                devices.append(MigDevice(profile_name, position, gi, mig_uuid(name, index, gi)))
+            migs = tuple(devices)
+        gpus.append(Gpu(id=gpu_uuid(name, index), mig_devices=migs))
+    return gpus
 
 
 def _annotation(annotations: Mapping[str, object], key: str, obj: str) -> str | None:
@@ -272,17 +372,33 @@ def _first_container(pod: Obj) -> str:
     return ""
 
 
-def _whole_gpus_requested(pod: Obj) -> int:
+def _is_gpu_resource(name: object) -> bool:
+    return name == GPU_RESOURCE or (
+        isinstance(name, str) and name.startswith(runai.MIG_RESOURCE_PREFIX)
+    )
+
+
+_QUANTITY = re.compile(r"[0-9]{1,6}")  # a device count; more than a million is no real request
+
+
+def requests(pod: Obj) -> list[tuple[int, str, str, int]]:
+    """(container index, container name, resource, count) of each GPU or MIG resource the
+    pod's containers ask for (extended resources are whole numbers, their limit the request)."""
     spec = pod.get("spec")
     containers = spec.get("containers") if isinstance(spec, Mapping) else None
-    total = 0
-    for c in containers if isinstance(containers, list) else []:
+    found = []
+    for i, c in enumerate(containers if isinstance(containers, list) else []):
         resources = c.get("resources") if isinstance(c, Mapping) else None
         limits = resources.get("limits") if isinstance(resources, Mapping) else None
-        value = limits.get(GPU_RESOURCE) if isinstance(limits, Mapping) else None
-        if value is not None and str(value).isdigit():
-            total += int(str(value))
-    return total
+        for resource, value in sorted(_strings(limits).items()):
+            text = str(value)
+            if _is_gpu_resource(resource) and _QUANTITY.fullmatch(text) and int(text) > 0:
+                found.append((i, str(c.get("name", "")), str(resource), int(text)))
+    return found
+
+
+def _whole_gpus_requested(pod: Obj) -> int:
+    return sum(n for _, _, resource, n in requests(pod) if resource == GPU_RESOURCE)
 
 
 def _pod_order(pod: Obj) -> tuple[str, str, str]:
@@ -302,9 +418,11 @@ class _Node:
     fields on every call, and was a fifth of a pod event's time.
     """
 
-    def __init__(self, name: str, node: NodeTopology) -> None:
+    def __init__(self, name: str, node: NodeTopology, single: bool = False) -> None:
         self.name = name
         self.node = node
+        # The single strategy's `nvidia.com/gpu` is a MIG instance where the GPUs have them.
+        self.single = single and any(g.mig_devices for g in node.gpus)
         self.model = model_for_product(node.gpu_product)
         self.gpus = [Gpu(g.id, None, g.mig_devices) for g in node.gpus]
         self.migs = [list(g.mig_devices) if g.mig_devices is not None else None for g in node.gpus]
@@ -327,6 +445,9 @@ class _Node:
             str(meta.get("namespace", "default")), str(meta.get("name", "")), _first_container(pod)
         )
         uid = str(meta.get("uid") or f"{allocated_by.namespace}/{allocated_by.pod}")
+        if not self.node.is_dynamic_mig_enabled:
+            self._place_requested(pod, obj, uid, warnings)
+            return
         annotation = _annotation(
             _strings(meta.get("annotations")), runai.ANNOTATION_POD_MIG_DEVICE, obj
         )
@@ -335,7 +456,73 @@ class _Node:
                 pod, obj, runai.parse_pod_mig_device(annotation, obj), allocated_by, uid, warnings
             )
         else:
-            self._place_whole(pod, obj, allocated_by, uid, warnings)
+            self._place_whole(pod, obj, allocated_by, uid, warnings, _whole_gpus_requested(pod))
+
+    def _place_requested(self, pod: Obj, obj: str, uid: str, warnings: list[TopologyError]) -> None:
+        """Static MIG and whole GPUs: each container gets the devices its resources ask for,
+        the lowest GPU index and GI id first, as the device plugin hands them out. A pod that
+        does not fit gets nothing, as the kubelet admits a pod whole or not at all."""
+        meta = _meta(pod)
+        namespace, pod_name = str(meta.get("namespace", "default")), str(meta.get("name", ""))
+        taken: list[tuple[int, int, str]] = []  # (gpu index, device index, container)
+        whole: list[tuple[int, str, int]] = []  # (container index, container, count)
+        for ci, container, resource, count in requests(pod):
+            if resource == GPU_RESOURCE and not self.single:
+                whole.append((ci, container, count))
+                continue
+            profile = (
+                None
+                if resource == GPU_RESOURCE
+                else resource.removeprefix(runai.MIG_RESOURCE_PREFIX)
+            )
+            held = {(g, d) for g, d, _ in taken}
+            free = [
+                (dev.gpu_instance_id, g, d)
+                for g, devices in enumerate(self.migs)
+                for d, dev in enumerate(devices or ())
+                if dev.status is None
+                and (profile is None or dev.name == profile)
+                and (g, d) not in held
+            ]
+            if len(free) < count:
+                raise TopologyError(
+                    obj,
+                    f"spec.containers[{ci}].resources.limits[{resource}]",
+                    f"asks for {count} {profile or 'MIG device'}, node {self.name} has "
+                    f"{len(free)} free",
+                )
+            chosen = sorted(free, key=lambda f: (f[1], f[0]))[:count]
+            taken += [(g, d, container) for _, g, d in chosen]
+        wanted = sum(n for _, _, n in whole)
+        free_gpus = self._free_gpus()
+        if wanted > len(free_gpus):
+            ci = whole[0][0]
+            raise TopologyError(
+                obj,
+                f"spec.containers[{ci}].resources.limits[{GPU_RESOURCE}]",
+                f"asks for {wanted} GPUs, node {self.name} has {len(free_gpus)} free",
+            )
+        usages: dict[str, PodUsage] = {}
+        for g, d, container in taken:
+            devices = self.migs[g]
+            assert devices is not None  # chosen from them
+            dev = devices[d]
+            if dev.name not in usages:
+                profile_of = self.model.profile(dev.name) if self.model else None
+                fb_total = profile_of.fb_total_mib if profile_of else 0
+                usages[dev.name] = pod_usage(pod, obj, fb_total, warnings)
+            status = DeviceStatus(
+                AllocatedBy(namespace, pod_name, container), {uid: usages[dev.name]}
+            )
+            devices[d] = MigDevice(dev.name, dev.position, dev.gpu_instance_id, dev.id, status)
+        at = 0
+        for _, container, count in whole:
+            self._hold(pod, obj, AllocatedBy(namespace, pod_name, container), uid, warnings,
+                       free_gpus[at : at + count])  # fmt: skip
+            at += count
+
+    def _free_gpus(self) -> list[int]:
+        return [i for i, g in enumerate(self.gpus) if g.status is None and self.migs[i] is None]
 
     def _place_mig(
         self,
@@ -386,33 +573,56 @@ class _Node:
         devices[found[0]] = MigDevice(name, position, gi, device_id, status)
 
     def _place_whole(
-        self, pod: Obj, obj: str, allocated_by: AllocatedBy, uid: str, warnings: list[TopologyError]
+        self,
+        pod: Obj,
+        obj: str,
+        allocated_by: AllocatedBy,
+        uid: str,
+        warnings: list[TopologyError],
+        count: int,
     ) -> None:
-        count = _whole_gpus_requested(pod)
         if count == 0:
             return
-        free = [i for i, g in enumerate(self.gpus) if g.status is None and self.migs[i] is None]
+        free = self._free_gpus()
         if len(free) < count:
             raise TopologyError(
                 obj,
                 "spec.containers[].resources.limits[nvidia.com/gpu]",
                 f"asks for {count} GPUs, node {self.name} has {len(free)} free",
             )
+        self._hold(pod, obj, allocated_by, uid, warnings, free[:count])
+
+    def _hold(
+        self,
+        pod: Obj,
+        obj: str,
+        allocated_by: AllocatedBy,
+        uid: str,
+        warnings: list[TopologyError],
+        indices: list[int],
+    ) -> None:
+        if not indices:
+            return
         fb_total = self.model.fb_total_mib if self.model else self.node.gpu_memory
         usage = pod_usage(pod, obj, fb_total, warnings)
-        for i in free[:count]:
+        for i in indices:
             gpu = self.gpus[i]
             self.gpus[i] = Gpu(gpu.id, DeviceStatus(allocated_by, {uid: usage}), gpu.mig_devices)
 
 
 def allocate(
-    name: str, node: NodeTopology, pods: Iterable[Obj], warnings: list[TopologyError]
+    name: str,
+    node: NodeTopology,
+    pods: Iterable[Obj],
+    warnings: list[TopologyError],
+    single: bool = False,
 ) -> NodeTopology:
-    """The node with the devices its pods hold, and their simulated usage.
+    """The node with the devices its pods hold, and their simulated usage. `single`: the node
+    is labelled with GFD's single strategy.
 
     A pod that cannot be placed is reported and skipped; the others are placed regardless.
     """
-    state = _Node(name, node)
+    state = _Node(name, node, single)
     for pod in sorted((p for p in pods if holds_gpu(p)), key=_pod_order):
         try:
             state.place(pod, warnings)

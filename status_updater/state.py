@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from status_updater import reconcile as rc
+from topology import migparted
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
 
@@ -49,7 +50,9 @@ def _id_set(node: NodeTopology) -> frozenset[str]:
 class ClusterState:
     def __init__(self) -> None:
         self.nodes: dict[str, rc.Obj] = {}  # GPU nodes, slimmed
-        self._built: dict[str, NodeTopology | TopologyError] = {}  # devices, before pods
+        # devices before pods, with the node's warnings; or why the node is unusable
+        self._built: dict[str, tuple[NodeTopology, list[TopologyError]] | TopologyError] = {}
+        self.layouts: migparted.Layouts = migparted.builtin()  # what static-MIG labels name
         self.pods: dict[str, dict[str, rc.Obj]] = {}  # node name -> pod key -> slimmed pod
         self._pod_node: dict[str, str] = {}  # pod key -> node name
         self._computed: dict[str, NodeResult] = {}  # before the cluster-wide id rule
@@ -80,6 +83,14 @@ class ClusterState:
         self._strategies[rc.node_strategy(slim)] += 1
         self.nodes[name] = slim
         self._rebuild.add(name)
+
+    def set_layouts(self, layouts: migparted.Layouts) -> None:
+        """The mig-parted layouts changed (the GPU operator's ConfigMap): every static-MIG node
+        is rebuilt at the next settle."""
+        if layouts == self.layouts:
+            return
+        self.layouts = layouts
+        self._rebuild.update(n for n, node in self.nodes.items() if rc.static_layout(node))
 
     def delete_node(self, name: str) -> None:
         old = self.nodes.pop(name, None)
@@ -143,8 +154,10 @@ class ClusterState:
         touched = rebuilt | self._stale
         for name in rebuilt:
             if name in self.nodes:
+                found: list[TopologyError] = []
                 try:
-                    self._built[name] = rc.build_node(self.nodes[name])
+                    topo = rc.build_node(self.nodes[name], self.layouts, found)
+                    self._built[name] = (topo, found)
                 except TopologyError as e:
                     self._built[name] = e
                 except Exception as e:  # the last guard: one odd object never stops the rest
@@ -177,7 +190,9 @@ class ClusterState:
             result = Unreadable(built)
             warnings.append(built)
         else:
-            result = rc.allocate(name, built, self.pods.get(name, {}).values(), warnings)
+            topo, warnings[:] = built[0], list(built[1])
+            single = rc.is_single_strategy(self.nodes[name])
+            result = rc.allocate(name, topo, self.pods.get(name, {}).values(), warnings, single)
         self.warnings[name] = warnings
         if result is None:
             self._computed.pop(name, None)
@@ -269,9 +284,16 @@ class ClusterState:
         return [w for name in sorted(self.results) for w in self.node_warnings(name)]
 
     @classmethod
-    def of(cls, nodes: Iterable[rc.Obj], pods: Iterable[rc.Obj]) -> ClusterState:
+    def of(
+        cls,
+        nodes: Iterable[rc.Obj],
+        pods: Iterable[rc.Obj],
+        layouts: migparted.Layouts | None = None,
+    ) -> ClusterState:
         """The settled state of these objects (what `render` and the tests start from)."""
         state = cls()
+        if layouts is not None:
+            state.layouts = layouts
         state.reset_nodes(nodes)
         state.reset_pods(pods)
         state.settle()

@@ -174,7 +174,7 @@ def test_whole_gpus_go_to_pods_oldest_first() -> None:
     ]
     assert holders == ["early", "late"]
     assert [str(w) for w in warnings] == [
-        "pod ns/greedy: spec.containers[].resources.limits[nvidia.com/gpu]: asks for 2 GPUs, node k80 has 0 free"
+        "pod ns/greedy: spec.containers[0].resources.limits[nvidia.com/gpu]: asks for 2 GPUs, node k80 has 0 free"
     ]
 
 

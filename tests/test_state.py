@@ -155,7 +155,8 @@ def test_only_what_reconcile_reads_is_kept() -> None:
         "containers": [{"name": "main", "resources": {"limits": {}}}],
     }
     assert state.nodes["a"]["metadata"]["labels"].keys() == set(rc.NODE_LABELS) - {
-        "nvidia.com/gpu.memory"
+        "nvidia.com/gpu.memory",
+        "nvidia.com/mig.config",
     }
     assert "node.alpha.kubernetes.io/ttl" not in state.nodes["a"]["metadata"]["annotations"]
     assert state.node_uid("a") == "uid-a"
