@@ -12,10 +12,13 @@ from typing import Any
 import yaml
 
 from kube.api import add_layout_argument, topology_name, topology_namespace
+from kube.files import UnreadableFile, read_text
 from status_updater.objects import InputError, load_objects
 from status_updater.reconcile import document
 from status_updater.state import ClusterState
 from topology import configmap as contract
+from topology import migparted
+from topology.errors import TopologyError
 from topology.model import NodeTopology, SafeDumper, dump_yaml
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -54,8 +57,24 @@ def configmaps(state: ClusterState, layout: str, namespace: str) -> dict[str, An
     return {"apiVersion": "v1", "kind": "List", "items": items}
 
 
-def render(nodes: list[str], pods: list[str], layout: str) -> int:
+MAX_MIG_PARTED_CONFIG_BYTES = 16 * 1024 * 1024
+
+
+def read_layouts(path: str) -> migparted.Layouts:
+    """`--mig-parted-config FILE`: the GPU operator's ConfigMap manifest or its `config.yaml`."""
     try:
+        return migparted.load(read_text(path, MAX_MIG_PARTED_CONFIG_BYTES), path)
+    except UnreadableFile as e:
+        raise InputError(f"{path}: {e}") from None
+    except TopologyError as e:
+        raise InputError(str(e)) from None
+
+
+def render(
+    nodes: list[str], pods: list[str], layout: str, mig_parted_config: str | None = None
+) -> int:
+    try:
+        layouts = read_layouts(mig_parted_config) if mig_parted_config else None
         objects = [*load_objects(nodes, "Node"), *load_objects(pods, "Pod")]
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -63,6 +82,7 @@ def render(nodes: list[str], pods: list[str], layout: str) -> int:
     state = ClusterState.of(
         (o for o in objects if o.get("kind") == "Node"),
         (o for o in objects if o.get("kind") == "Pod"),
+        layouts,
     )
     for w in state.all_warnings():
         print(f"warning: {w}", file=sys.stderr)
@@ -85,6 +105,12 @@ def parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--nodes", nargs="+", required=True, metavar="PATH", help="Node manifests")
     r.add_argument("--pods", nargs="+", default=[], metavar="PATH", help="Pod manifests")
+    r.add_argument(
+        "--mig-parted-config",
+        metavar="FILE",
+        help="the layouts static-MIG nodes' nvidia.com/mig.config names: the GPU operator's "
+        "mig-parted ConfigMap manifest or its config.yaml (default: NVIDIA's built-in layouts)",
+    )
     add_layout_argument(r)
     live = sub.add_parser(
         "run",
@@ -109,6 +135,15 @@ def parser() -> argparse.ArgumentParser:
         help="this replica's name in the Lease (env POD_NAME, default host-pid)",
     )
     live.add_argument(
+        "--mig-parted-config",
+        type=_configmap_ref,
+        default=os.environ.get("MIG_PARTED_CONFIG") or migparted.DEFAULT_CONFIGMAP,
+        metavar="NAMESPACE/NAME",
+        help="the ConfigMap (key config.yaml) with the layouts static-MIG nodes' "
+        "nvidia.com/mig.config names; while it is absent, NVIDIA's built-in layouts "
+        "(env MIG_PARTED_CONFIG, default %(default)s)",
+    )
+    live.add_argument(
         "--resync",
         type=float,
         default=float(os.environ.get("RESYNC_SECONDS") or 30),
@@ -118,14 +153,28 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _configmap_ref(text: str) -> str:
+    namespace, _, name = text.partition("/")
+    if not namespace or not name or "/" in name:
+        raise argparse.ArgumentTypeError(f"expected NAMESPACE/NAME, got {text!r}")
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.command == "render":
-            return render(args.nodes, args.pods, args.layout)
+            return render(args.nodes, args.pods, args.layout, args.mig_parted_config)
         from status_updater.daemon import run
 
-        return run(args.kubeconfig, args.layout, args.lease_name, args.identity, args.resync)
+        return run(
+            args.kubeconfig,
+            args.layout,
+            args.lease_name,
+            args.identity,
+            args.resync,
+            args.mig_parted_config,
+        )
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # the last guard: a user sees one line, never a traceback

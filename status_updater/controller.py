@@ -22,6 +22,8 @@ import kubernetes
 from kube.api import Backoff, Obj, describe, list_watch
 from status_updater import reconcile as rc
 from status_updater.state import ClusterState
+from topology import migparted
+from topology.errors import TopologyError
 
 log = logging.getLogger(__name__)
 COALESCE_S = 0.2  # a storm of events within this window gives one write per changed node
@@ -56,12 +58,15 @@ class Controller:
         writer: Writer,
         is_leader: Callable[[], bool] = lambda: True,
         resync_s: float = RESYNC_S,
+        mig_parted_config: str = migparted.DEFAULT_CONFIGMAP,
     ) -> None:
         self.core, self.writer, self.is_leader, self.resync_s = core, writer, is_leader, resync_s
+        self.layouts_ref = mig_parted_config  # namespace/name of the GPU operator's ConfigMap
+        self._layouts_seen: str | None = None  # what was last said about it
         self.state = ClusterState()
         self.events: queue.SimpleQueue[tuple[str, str, Any]] = queue.SimpleQueue()
         self.dirty = threading.Event()
-        self.synced: set[str] = set()  # which of "nodes", "pods" have been listed
+        self.synced: set[str] = set()  # which of "nodes", "pods", "layouts" have been listed
         self._pending: set[str] = set()  # nodes changed since the last successful write
         self._full = True  # compare everything at the next write
         self._warned: dict[str, set[str]] = {}
@@ -77,6 +82,33 @@ class Controller:
         slim = rc.slim_node if what == "nodes" else rc.slim_pod
         self.events.put((what, kind, slim(obj)))
         self.dirty.set()
+
+    def _layouts_informer(self, stop: threading.Event) -> threading.Thread:
+        """Watches the one mig-parted ConfigMap: its `config.yaml`, or None while it is absent."""
+        namespace, name = self.layouts_ref.split("/", 1)
+
+        def ours(cm: Obj) -> bool:  # an API that ignores the field selector lists them all
+            return (cm.get("metadata") or {}).get("name") == name
+
+        def on_reset(items: list[Obj]) -> None:
+            self.events.put(("layouts", "RESET", next((c for c in items if ours(c)), None)))
+            self.dirty.set()
+
+        def on_event(kind: str, cm: Obj) -> None:
+            if ours(cm):
+                self.events.put(("layouts", kind, None if kind == "DELETED" else cm))
+                self.dirty.set()
+
+        def list_call(**kw: Any) -> Any:
+            return self.core.list_namespaced_config_map(namespace, **kw)
+
+        return threading.Thread(
+            target=list_watch,
+            name="mig-parted-config",
+            daemon=True,
+            args=(f"configmap {self.layouts_ref}", list_call, on_reset, on_event, stop),
+            kwargs={"field_selector": f"metadata.name={name}"},
+        )
 
     def informers(self, stop: threading.Event) -> list[threading.Thread]:
         sources = (
@@ -99,13 +131,17 @@ class Controller:
             )
             for what, list_call, slim in sources
         ]
+        threads.append(self._layouts_informer(stop))
         return threads + self.writer.informers(stop, self.dirty.set)
 
     # --- the writer thread ----------------------------------------------------------------------
 
     def _apply(self, what: str, kind: str, payload: Any) -> None:
         state = self.state
-        if kind == "RESET":
+        if what == "layouts":
+            self._set_layouts(payload)
+            self.synced.add(what)
+        elif kind == "RESET":
             reset = state.reset_nodes if what == "nodes" else state.reset_pods
             reset(payload, slimmed=True)  # the informer slimmed each page as it arrived
             self.synced.add(what)
@@ -119,6 +155,36 @@ class Controller:
             state.delete_pod(rc.pod_key(payload))
         else:
             state.set_pod(payload, slimmed=True)
+
+    def _set_layouts(self, cm: Obj | None) -> None:
+        """The GPU operator's layouts, NVIDIA's built-in ones while its ConfigMap is absent; a
+        ConfigMap that cannot be read keeps the layouts in use (said once per content)."""
+        if cm is None:
+            layouts: migparted.Layouts = migparted.builtin()
+            said = f"configmap {self.layouts_ref} not found: NVIDIA's built-in MIG layouts"
+        else:
+            data = cm.get("data") or {}
+            text = data.get(migparted.DATA_KEY) if isinstance(data, dict) else None
+            try:
+                if not isinstance(text, str):
+                    raise TopologyError(
+                        f"configmap {self.layouts_ref}",
+                        f"data[{migparted.DATA_KEY}]",
+                        "is required",
+                    )
+                layouts = migparted.parse(
+                    text, f"configmap {self.layouts_ref}", f"data[{migparted.DATA_KEY}]"
+                )
+                said = f"configmap {self.layouts_ref}: {len(layouts)} MIG layouts"
+            except TopologyError as e:
+                if str(e) != self._layouts_seen:
+                    log.warning("%s; keeping the layouts in use", e)
+                    self._layouts_seen = str(e)
+                return
+        if said != self._layouts_seen:
+            log.info("%s", said)
+            self._layouts_seen = said
+        self.state.set_layouts(layouts)
 
     def drain(self) -> None:
         """Apply every queued event to the state."""
@@ -156,7 +222,7 @@ class Controller:
             if stop.is_set():
                 return
             self.drain()
-            if self.synced != {"nodes", "pods"}:
+            if self.synced != {"nodes", "pods", "layouts"}:
                 continue
             self._pending |= self.settle()
             if self._listed:

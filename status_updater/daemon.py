@@ -20,7 +20,12 @@ log = logging.getLogger("status_updater")
 
 
 def run(
-    kubeconfig: str | None, layout: str, lease_name: str, identity: str, resync_s: float
+    kubeconfig: str | None,
+    layout: str,
+    lease_name: str,
+    identity: str,
+    resync_s: float,
+    mig_parted_config: str,
 ) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -38,7 +43,7 @@ def run(
         else PerNodeWriter(core, namespace)
     )
     stop = threading.Event()
-    controller = Controller(core, writer, resync_s=resync_s)
+    controller = Controller(core, writer, resync_s=resync_s, mig_parted_config=mig_parted_config)
     elector = LeaderElector(
         kubernetes.client.CoordinationV1Api(client),
         lease_name,
