@@ -14,7 +14,8 @@ readings.py. On a dynamic-MIG node (the real dumps in samples/mig/metrics/):
       GPU_I_PROFILE="1g.5gb",GPU_I_ID="7",Hostname="…",DCGM_FI_DRIVER_VERSION="520.56.06",
       container="",namespace="",pod=""} 4766
 
-one series per MIG instance, no utilization fields, pod labels empty (unless `mig_pod_labels`).
+one series per MIG instance, no utilization fields, pod labels empty (unless `mig_pod_labels`);
+on a static-MIG node (`is-dynamic-mig-enabled: false`) they name the pod holding the instance.
 A GPU with MIG off has one series per field with the pod that holds it; a GPU with MIG on and no
 instance has its GPU-level series only. Integers print without a decimal point, DCGM's doubles
 with six decimals, as dcgm-exporter prints them.
@@ -131,6 +132,9 @@ def entities(node: NodeTopology, options: Options, now: float) -> list[tuple[str
     model = model_for_product(node.gpu_product)
     model_name = nvml_model_name(node.gpu_product)
     host = (("Hostname", options.hostname),)
+    # Static MIG: dcgm-exporter maps instances to pods through the kubelet's pod-resources API.
+    # run:ai's dynamic MIG hides them from it, so its series leave the pod labels empty.
+    name_holders = options.mig_pod_labels or not node.is_dynamic_mig_enabled
     out: list[tuple[str, Labels, Reading]] = []
     for index, gpu in enumerate(node.gpus):
         base = (("gpu", str(index)), ("UUID", gpu.id), ("device", f"nvidia{index}"),
@@ -149,7 +153,7 @@ def entities(node: NodeTopology, options: Options, now: float) -> list[tuple[str
             out.append((EMPTY, base + host + extra + _holder(None), reading))
         for dev, r in zip(instances, per_instance, strict=True):
             mig_labels = (("GPU_I_PROFILE", dev.name), ("GPU_I_ID", str(dev.gpu_instance_id)))
-            holder = _holder(dev.status if options.mig_pod_labels else None)
+            holder = _holder(dev.status if name_holders else None)
             out.append((MIG, base + mig_labels + host + extra + holder, r))
     return out
 
