@@ -29,6 +29,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from topology.migparted import DEFAULT_CONFIGMAP
+
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 BASE = DEPLOY / "base"
@@ -51,6 +53,8 @@ UPDATER = "topology-status-updater"
 ALL_NODES = "nvidia-dcgm-exporter-all-nodes"
 TOPOLOGY_CM = "topology"
 LEASE = "topology-status-updater"
+# The updater's default --mig-parted-config: the RBAC must let it read exactly that one.
+MIG_PARTED_NAMESPACE, MIG_PARTED_CM = DEFAULT_CONFIGMAP.split("/")
 PORT_NAME = "gpu-metrics"
 PORT = 9400
 NONROOT_UID = 65532
@@ -742,6 +746,11 @@ def test_single_layout_rbac_is_pinned_to_the_topology_configmap() -> None:
     for verb in ("list", "watch", "update", "delete"):
         assert not allowed(updater, verb, "configmaps", name=TOPOLOGY_CM), verb
     assert not allowed(updater, "patch", "configmaps", name="someone-elses")
+    # The GPU operator's layouts: read, by name (the updater watches it with a field selector).
+    for verb in READ_VERBS:
+        assert allowed(updater, verb, "configmaps", name=MIG_PARTED_CM), verb
+    for verb in ("update", "patch", "delete"):  # (create cannot be pinned, and it exists)
+        assert not allowed(updater, verb, "configmaps", name=MIG_PARTED_CM), verb
     # The name in RBAC is the one the workloads use and the seed has.
     container = find(rendered, "DaemonSet", EXPORTER)["spec"]["template"]["spec"]["containers"][0]
     assert env_of(container)["TOPOLOGY_CM_NAME"]["value"] == TOPOLOGY_CM
@@ -766,6 +775,9 @@ def test_status_updater_rbac(rendered: list[dict[str, Any]]) -> None:
     # read back, delete those of gone nodes: never PUT) and to its Lease ...
     for verb in ("get", "list", "watch", "create", "patch", "delete"):
         assert allowed(namespaced, verb, "configmaps", name="topology-gpu-node-1"), verb
+    assert MIG_PARTED_NAMESPACE == NAMESPACE  # else the updater needs a Role there
+    for verb in READ_VERBS:  # the GPU operator's layouts
+        assert allowed(namespaced, verb, "configmaps", name=MIG_PARTED_CM), verb
     assert not allowed(namespaced, "update", "configmaps", name="topology-gpu-node-1")
     for verb in ("get", "create", "patch"):
         name = None if verb == "create" else LEASE
