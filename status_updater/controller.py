@@ -99,6 +99,11 @@ class Controller:
                 self.events.put(("layouts", kind, None if kind == "DELETED" else cm))
                 self.dirty.set()
 
+        def on_error(message: str) -> None:
+            # Unreadable (no RBAC for it, the API failing): the writes must not wait on it.
+            self.events.put(("layouts", "ERROR", message))
+            self.dirty.set()
+
         def list_call(**kw: Any) -> Any:
             return self.core.list_namespaced_config_map(namespace, **kw)
 
@@ -107,7 +112,7 @@ class Controller:
             name="mig-parted-config",
             daemon=True,
             args=(f"configmap {self.layouts_ref}", list_call, on_reset, on_event, stop),
-            kwargs={"field_selector": f"metadata.name={name}"},
+            kwargs={"field_selector": f"metadata.name={name}", "on_error": on_error},
         )
 
     def informers(self, stop: threading.Event) -> list[threading.Thread]:
@@ -139,7 +144,10 @@ class Controller:
     def _apply(self, what: str, kind: str, payload: Any) -> None:
         state = self.state
         if what == "layouts":
-            self._set_layouts(payload)
+            if kind != "ERROR":
+                self._set_layouts(payload)
+            elif what not in self.synced:
+                log.warning("%s: NVIDIA's built-in MIG layouts until it can be read", payload)
             self.synced.add(what)
         elif kind == "RESET":
             reset = state.reset_nodes if what == "nodes" else state.reset_pods

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from kubeapi import eventually
 
+from status_updater import reconcile as rc
+from status_updater.controller import Controller
 from status_updater.single import SingleWriter, TooLarge
-from status_updater.state import reconcile
+from status_updater.state import ClusterState, Unreadable, reconcile
+from topology.model import NodeTopology
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from scale import cluster
@@ -24,3 +31,118 @@ def test_a_topology_over_one_configmap_is_refused_with_the_reason() -> None:
     assert message.endswith(
         "MiB, over the 1 MiB a ConfigMap holds; not written; use --layout per-node"
     )
+
+
+# ------------------------------------------------- the GPU operator's layouts, in the writer loop
+
+
+class Recorder:
+    """A writer that keeps, per sync, the MIG profiles each changed static node got."""
+
+    what = "recorder"
+
+    def __init__(self) -> None:
+        self.writes: list[dict[str, list[list[str]] | str]] = []
+
+    def informers(self, stop: threading.Event, wake: Callable[[], None]) -> list[threading.Thread]:
+        return []
+
+    def ready(self) -> bool:
+        return True
+
+    def has_work(self) -> bool:
+        return False
+
+    def sync(self, state: ClusterState, changed: set[str], full: bool) -> None:
+        names = set(state.results) if full else changed
+        self.writes.append({name: _profiles(state.results[name]) for name in names})
+
+    def leading(self, leading: bool) -> None:
+        pass
+
+
+def _profiles(result: NodeTopology | Unreadable) -> list[list[str]] | str:
+    if isinstance(result, Unreadable):
+        return "unreadable"
+    return [[d.name for d in g.mig_devices or ()] for g in result.gpus]
+
+
+STATIC_NODE = {
+    "kind": "Node",
+    "metadata": {
+        "name": "n1",
+        "labels": {
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
+            "nvidia.com/gpu.count": "1",
+            "nvidia.com/mig.strategy": "mixed",
+            "nvidia.com/mig.config": "one-small",
+        },
+    },
+}
+ONE_SMALL = {
+    "metadata": {"name": "default-mig-parted-config"},
+    "data": {
+        "config.yaml": "version: v1\nmig-configs:\n  one-small:\n  - devices: all\n"
+        "    mig-enabled: true\n    mig-devices: {1g.5gb: 1}\n"
+    },
+}
+
+
+@pytest.fixture
+def loop() -> Iterator[tuple[Controller, Recorder]]:
+    writer = Recorder()
+    controller = Controller(None, writer)  # type: ignore[arg-type]  # no API: events are fed
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.run_writer, args=(stop,), daemon=True)
+    thread.start()
+    controller.events.put(("nodes", "RESET", [rc.slim_node(STATIC_NODE)]))
+    controller.events.put(("pods", "RESET", []))
+    controller.dirty.set()
+    yield controller, writer
+    stop.set()
+    controller.dirty.set()
+    thread.join(5)
+
+
+def feed(controller: Controller, kind: str, payload: object) -> None:
+    controller.events.put(("layouts", kind, payload))
+    controller.dirty.set()
+
+
+def test_nothing_is_written_before_the_layouts_are_known(loop: tuple[Controller, Recorder]) -> None:
+    controller, writer = loop
+    time.sleep(0.6)  # nodes and pods listed, several writer turns: the layouts are not
+    assert writer.writes == []
+    feed(controller, "RESET", ONE_SMALL)
+    first = eventually(lambda: writer.writes)[0]
+    assert first == {"n1": [["1g.5gb"]]}  # the ConfigMap's layout, never the built-ins first
+
+
+def test_an_unreadable_configmap_does_not_hold_the_writes(
+    loop: tuple[Controller, Recorder], caplog: pytest.LogCaptureFixture
+) -> None:
+    controller, writer = loop
+    feed(
+        controller, "ERROR", "configmap gpu-operator/default-mig-parted-config: HTTP 403 Forbidden"
+    )
+    # NVIDIA's layouts have no `one-small`: MIG on, no instance, and it says so.
+    assert eventually(lambda: writer.writes)[0] == {"n1": [[]]}
+    assert "HTTP 403 Forbidden: NVIDIA's built-in MIG layouts until it can be read" in caplog.text
+    assert "unknown layout 'one-small'" in caplog.text
+
+
+def test_layouts_follow_the_configmap_and_a_bad_one_keeps_the_last(
+    loop: tuple[Controller, Recorder], caplog: pytest.LogCaptureFixture
+) -> None:
+    controller, writer = loop
+    feed(controller, "RESET", ONE_SMALL)
+    eventually(lambda: writer.writes and writer.writes[-1] == {"n1": [["1g.5gb"]]})
+    bad = {"metadata": ONE_SMALL["metadata"], "data": {"config.yaml": "version: v2\n"}}
+    for _ in range(2):
+        feed(controller, "MODIFIED", bad)
+    time.sleep(0.6)
+    assert writer.writes[-1] == {"n1": [["1g.5gb"]]}  # kept
+    warned = [r for r in caplog.records if "expected v1, got 'v2'" in r.getMessage()]
+    assert len(warned) == 1, "said once"
+    feed(controller, "DELETED", None)  # gone: the built-ins, which lack `one-small`
+    eventually(lambda: writer.writes[-1] == {"n1": [[]]})
