@@ -122,7 +122,7 @@ def _only(value: object, keys: Iterable[str]) -> dict[str, Any]:
 
 def slim_node(node: Obj) -> dict[str, Any]:
     meta = _meta(node)
-    return {
+    slim: dict[str, Any] = {
         "kind": "Node",
         "metadata": {
             "name": meta.get("name"),
@@ -131,6 +131,26 @@ def slim_node(node: Obj) -> dict[str, Any]:
             "annotations": _only(meta.get("annotations"), NODE_ANNOTATIONS),
         },
     }
+    advertised = _advertised_migs(node)
+    if advertised:
+        slim["status"] = {"allocatable": advertised}
+    return slim
+
+
+def _advertised_migs(node: Obj) -> dict[str, str]:
+    """The `nvidia.com/mig-<profile>` resources the device plugin advertises (allocatable, or
+    capacity where a simulated node sets only that)."""
+    status = node.get("status")
+    status = status if isinstance(status, Mapping) else {}
+    for key in ("allocatable", "capacity"):
+        found = {
+            k: str(v)
+            for k, v in _strings(status.get(key)).items()
+            if isinstance(k, str) and k.startswith(runai.MIG_RESOURCE_PREFIX)
+        }
+        if found:
+            return found
+    return {}
 
 
 def slim_pod(pod: Obj) -> dict[str, Any]:
@@ -193,8 +213,15 @@ def build_node(
     mapping: dict[tuple[int, int], runai.MappedDevice] = {}
     model = model_for_product(labels.gpu_product)
     config_name = static_layout(node)
-    if config_name is not None:
-        layouts = migparted.builtin() if layouts is None else layouts
+    advertised = None
+    if config_name is None and not labels.is_dynamic_mig_enabled and model is not None:
+        advertised = _advertised_layout(node, model, raw_product, gpu_count)
+    if config_name is not None or advertised is not None:
+        if advertised is not None:
+            layouts, config_name = advertised
+        elif layouts is None:
+            layouts = migparted.builtin()
+        assert config_name is not None
         gpus = _static_gpus(name, layouts, config_name, model, raw_product, gpu_count, warnings)
         memory = labels.gpu_memory
         if model is not None and (memory == 0 or single):
@@ -245,6 +272,46 @@ def _checked(name: str, topo: NodeTopology) -> NodeTopology:
     return topo
 
 
+ADVERTISED = "(advertised resources)"
+
+
+def _advertised_layout(
+    node: Obj, model: GpuModel, raw_product: str, labelled: int
+) -> tuple[migparted.Layouts, str] | None:
+    """A MIG node without `nvidia.com/mig.config` (a simulator that only advertises the
+    resources): the layout its advertised instances imply, spread evenly over its GPUs (single
+    strategy: `nvidia.com/gpu.count` of the product's profile, as many per GPU as fit)."""
+    if MIG_SUFFIX in raw_product:
+        profile = model.profile(raw_product.split(MIG_SUFFIX, 1)[1])
+        if profile is None:
+            return None
+        totals = {profile.name: labelled}
+        gpus = max(1, -(-labelled // profile.max_count))
+    else:
+        totals = {}
+        for resource, value in _advertised_migs(node).items():
+            if _QUANTITY.fullmatch(value) and int(value) > 0:
+                totals[resource.removeprefix(runai.MIG_RESOURCE_PREFIX)] = int(value)
+        gpus = labelled
+    if not totals:
+        return None
+    entries = tuple(
+        migparted.Entry(
+            (i,),
+            True,
+            tuple(
+                sorted(
+                    (p, n // gpus + (i < n % gpus))
+                    for p, n in totals.items()
+                    if n // gpus + (i < n % gpus)
+                )
+            ),
+        )
+        for i in range(gpus)
+    )
+    return {ADVERTISED: entries}, ADVERTISED
+
+
 def _static_gpus(
     name: str,
     layouts: migparted.Layouts,
@@ -274,6 +341,9 @@ def _static_gpus(
     try:
         per_gpu_layout = migparted.node_layout(layouts, config_name, model, count, obj)
     except TopologyError as e:
+        if config_name == ADVERTISED:  # no label to blame: what the node advertises
+            message = e.message.replace(f"layout {ADVERTISED!r} ", "")
+            e = TopologyError(obj, "status.allocatable", f"{message} (no {migparted.LABEL_CONFIG})")
         if warnings is not None:
             warnings.append(e)
         per_gpu_layout = [migparted.GpuLayout(True, ())] * count

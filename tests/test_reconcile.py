@@ -13,7 +13,7 @@ from freezegun import freeze_time
 from exporter import dcgm
 from status_updater.reconcile import gpu_uuid
 from status_updater.state import reconcile
-from topology.model import Topology
+from topology.model import AllocatedBy, Topology
 
 REAL_NODE: dict[str, Any] = yaml.safe_load(
     (SAMPLES / "nodes" / "a100-40gb-3-instances.yaml").read_text()
@@ -268,3 +268,36 @@ def test_a_mapping_copied_to_another_node_is_a_bad_node() -> None:
     assert str(warnings[0]).startswith(
         "node twin: gpus[0].mig-devices[0].id: duplicate id MIG-298ef8da"
     )
+
+
+def advertising_node(name: str, product: str, count: int, status: dict[str, Any]) -> dict[str, Any]:
+    labels = {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(count)}
+    return {"kind": "Node", "metadata": {"name": name, "labels": labels}, "status": status}
+
+
+def test_a_node_that_only_advertises_mig_resources_gets_those_instances() -> None:
+    """A simulated static-MIG node without nvidia.com/mig.config (what a simulator that only
+    advertises the resources makes): its instances, spread evenly over its GPUs, placed as the
+    driver places them; the pods requesting them are labelled; too many is one line."""
+    mixed = advertising_node("mixed", "NVIDIA-H100-80GB-HBM3", 2, {"allocatable": {
+        "cpu": "8", "nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "4", "nvidia.com/mig-3g.40gb": "2"}})  # fmt: skip
+    single = advertising_node("single", "NVIDIA-A100-SXM4-40GB-MIG-2g.10gb", 6, {})
+    too_many = advertising_node("too-many", "NVIDIA-H100-80GB-HBM3", 1,
+                                {"capacity": {"nvidia.com/mig-3g.40gb": "3"}})  # fmt: skip
+    pod = gpu_pod("server", "single", 1, "2026-01-01T00:00:00Z")  # single: nvidia.com/gpu
+    topology, warnings = reconcile([mixed, single, too_many], [pod])
+    # H100 (halves not swapped): 3g at 4 (GI 2), then the 1g at the first free of 6, 4, 5, 0, 1.
+    for gpu in (0, 1):
+        assert {p: (d.name, d.gpu_instance_id) for p, d in devices(topology, "mixed", gpu).items()} == {
+            0: ("1g.10gb", 7), 1: ("1g.10gb", 8), 4: ("3g.40gb", 2)}  # fmt: skip
+    # Single strategy: gpu.count counts the 6 MIG devices, 3 fit a GPU: 2 GPUs of three 2g.10gb.
+    assert [len(g.mig_devices or ()) for g in topology.nodes["single"].gpus] == [3, 3]
+    held = [d for g in topology.nodes["single"].gpus for d in g.mig_devices or () if d.status]
+    assert [(d.status.allocated_by, d.gpu_instance_id) for d in held if d.status] == [
+        (AllocatedBy("ns", "server", "c"), 3)  # GPU 0's lowest GI (2g at 4: GI 3, halves swapped)
+    ]
+    assert topology.nodes["too-many"].gpus[0].mig_devices == ()
+    assert [str(w) for w in warnings] == [
+        "node too-many: status.allocatable: on GPU 0: 3 x 3g.40gb is more than the 2 that fit "
+        "(no nvidia.com/mig.config)"
+    ]
