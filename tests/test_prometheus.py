@@ -5,8 +5,9 @@ The queries are the ones Kruize, Grafana's DCGM dashboard (12239) and the OpenSh
 Targets carry `namespace`/`pod`/`container` target labels like a ServiceMonitor's, with
 honor_labels false, so the exporter's own pod labels arrive as `exported_*`.
 
-Three exporters: the sample MIG node as run:ai leaves it (no pod labels), a whole GPU with a pod,
-and a second MIG node served with --mig-pod-labels, whose instances name their pods.
+Four exporters: the sample MIG node as run:ai leaves it (no pod labels), a whole GPU with a pod,
+a second MIG node served with --mig-pod-labels, whose instances name their pods, and a static-MIG
+node of the GPU operator (samples/mig/static), whose instances name their pods as dcgm-exporter's.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from grafana.dashboard import queries
 MIG_NODE = "qa-mig-worker-gpu-a100"
 WHOLE_NODE = "a100-whole"  # the sampled machine with MIG disabled, as a second node
 PODS_NODE = "a100-mig-pods"
+STATIC_NODE = "a100-40gb-static"  # samples/mig/static: all-balanced on 2 GPUs, two pods
 
 
 def whole_gpu_topology(tmp_path: Path) -> Path:
@@ -73,6 +75,16 @@ def pods_node_topology(tmp_path: Path) -> Path:
     return path
 
 
+def static_topology(tmp_path: Path) -> Path:
+    static = SAMPLES / "static"
+    rendered = run_cli("status_updater", "render", "--nodes", str(static / "nodes" / "a100-40gb-mixed.yaml"),
+                       "--pods", str(static / "pods"))  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    path = tmp_path / "static.yaml"
+    path.write_text(rendered.stdout)
+    return path
+
+
 def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     out = log.open("wb")
     return subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=out)
@@ -90,7 +102,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     targets = []
     exporters = (("mig", MIG_NODE, SAMPLES / "topology" / "a100-40gb-active.yaml", []),
                  ("whole", WHOLE_NODE, whole_gpu_topology(tmp_path), []),
-                 ("migpods", PODS_NODE, pods_node_topology(tmp_path), ["--mig-pod-labels"]))  # fmt: skip
+                 ("migpods", PODS_NODE, pods_node_topology(tmp_path), ["--mig-pod-labels"]),
+                 ("static", STATIC_NODE, static_topology(tmp_path), []))  # fmt: skip
     for name, node, topology, flags in exporters:
         port = free_port()
         procs.append(start([sys.executable, "-m", "exporter", "--topology-file", str(topology), "--node-name", node,
@@ -156,7 +169,8 @@ def test_instances_counted_and_summed_as_the_console_does(prometheus: str) -> No
         ),
         timeout=20,
     )
-    assert float(count[0]["value"][1]) == 6  # two MIG nodes, three instances each
+    # two run:ai nodes of three instances, and the static node's all-balanced on two GPUs
+    assert float(count[0]["value"][1]) == 2 * 3 + 2 * 4
     sums = query(
         prometheus,
         'sum by (GPU_I_ID) (DCGM_FI_DEV_FB_USED{Hostname="nvidia-dcgm-exporter-mig"}'
@@ -177,8 +191,30 @@ def test_instances_counted_and_summed_as_the_console_does(prometheus: str) -> No
         " by (exported_namespace, exported_pod, UUID)",
     )
     busy = values(per_pod, "exported_pod")
-    assert busy.keys() == {"job-2g-idle-0-0", "job-1g-idle-0-0", "job-gpu-burn-0-0"}
+    run_ai = {"job-2g-idle-0-0", "job-1g-idle-0-0", "job-gpu-burn-0-0"}
+    assert busy.keys() == run_ai | {"trainer-0", "notebook"}  # the static node's, unasked
     assert busy["job-gpu-burn-0-0"] == 1 and busy["job-2g-idle-0-0"] == 0
+
+
+def test_static_mig_instances_name_their_pods(prometheus: str) -> None:
+    """On a GPU operator node, dcgm-exporter names each instance's pod (pod-resources API):
+    per-pod frame buffer sums over the pod's instances; free ones have no pod label."""
+    host = 'Hostname="nvidia-dcgm-exporter-static"'
+    held = eventually(
+        lambda: query(prometheus, f"sum by (exported_namespace, exported_pod, exported_container)"
+                                  f" (DCGM_FI_DEV_FB_USED{{{host},exported_pod!=\"\"}})"),
+        timeout=20,
+    )  # fmt: skip
+    assert {(r["metric"]["exported_namespace"], r["metric"]["exported_pod"],
+             r["metric"]["exported_container"]) for r in held} == {
+        ("team-a", "trainer-0", "trainer"), ("team-b", "notebook", "jupyter")}  # fmt: skip
+    # The notebook asked for 50% of its 3g.20gb (19968 MiB); the trainer's two 1g.5gb use the
+    # default 90% of 4864 each.
+    fb = values(held, "exported_pod")
+    assert fb["notebook"] == 19968 // 2
+    assert fb["trainer-0"] == 2 * int(4864 * 0.9)
+    free = query(prometheus, f'count(DCGM_FI_DEV_FB_USED{{{host},exported_pod=""}})')
+    assert float(free[0]["value"][1]) == 8 - 3  # 8 instances, 3 held
 
 
 def test_kruize_whole_gpu_query_finds_the_pod(prometheus: str) -> None:
@@ -218,8 +254,8 @@ def label_values(url: str, selector: str, label: str) -> list[str]:
 
 def test_grafana_12239_variables_and_panels_have_data(prometheus: str) -> None:
     instances = eventually(lambda: label_values(prometheus, "DCGM_FI_DEV_GPU_TEMP", "instance"))
-    assert len(instances) == 3  # every exporter, MIG or not
-    assert label_values(prometheus, "DCGM_FI_DEV_GPU_TEMP", "gpu") == ["0"]
+    assert len(instances) == 4  # every exporter, MIG or not
+    assert label_values(prometheus, "DCGM_FI_DEV_GPU_TEMP", "gpu") == ["0", "1"]  # static: 2
     chosen = f'instance=~"{"|".join(instances)}", gpu=~"0"'
     panels = {
         "GPU Temperature": f"DCGM_FI_DEV_GPU_TEMP{{{chosen}}}",
@@ -279,7 +315,7 @@ def test_energy_counter_rate_is_the_power(prometheus: str) -> None:
     drawn = values(
         query(prometheus, f"max by (Hostname) (avg_over_time({power}[1m])) * 1000"), "Hostname"
     )
-    assert rate.keys() == drawn.keys() and len(rate) == 3
+    assert rate.keys() == drawn.keys() and len(rate) == 4
     for host, mw in rate.items():
         assert mw > 0
         assert mw == pytest.approx(drawn[host], rel=0.2), host
@@ -292,7 +328,7 @@ def test_energy_counter_rate_is_the_power(prometheus: str) -> None:
         f" / ({power} offset {step}s * {step} * 1000))",
         at,
     )
-    assert len(exact) == 3
+    assert len(exact) == 4
     for ratio in values(exact, "Hostname").values():
         assert ratio == pytest.approx(1, abs=1e-4)
 
