@@ -28,6 +28,7 @@ from topology.errors import TopologyError
 log = logging.getLogger(__name__)
 COALESCE_S = 0.2  # a storm of events within this window gives one write per changed node
 RESYNC_S = 30.0  # how often a quiet leader compares what is written with what should be
+LAYOUTS_ATTEMPTS = 3  # failed reads of the mig-parted ConfigMap before writing without it
 
 
 class Writer(Protocol):
@@ -86,11 +87,14 @@ class Controller:
     def _layouts_informer(self, stop: threading.Event) -> threading.Thread:
         """Watches the one mig-parted ConfigMap: its `config.yaml`, or None while it is absent."""
         namespace, name = self.layouts_ref.split("/", 1)
+        failures = 0  # in a row, since the last good list
 
         def ours(cm: Obj) -> bool:  # an API that ignores the field selector lists them all
             return (cm.get("metadata") or {}).get("name") == name
 
         def on_reset(items: list[Obj]) -> None:
+            nonlocal failures
+            failures = 0
             self.events.put(("layouts", "RESET", next((c for c in items if ours(c)), None)))
             self.dirty.set()
 
@@ -100,9 +104,14 @@ class Controller:
                 self.dirty.set()
 
         def on_error(message: str) -> None:
-            # Unreadable (no RBAC for it, the API failing): the writes must not wait on it.
-            self.events.put(("layouts", "ERROR", message))
-            self.dirty.set()
+            # Unreadable for good (no RBAC for it, an API failing again and again): the writes
+            # must not wait on it. A passing error is retried first: writing static nodes with
+            # the wrong layouts, then the right ones, would churn every one of them.
+            nonlocal failures
+            failures += 1
+            if "HTTP 403" in message or failures >= LAYOUTS_ATTEMPTS:
+                self.events.put(("layouts", "ERROR", message))
+                self.dirty.set()
 
         def list_call(**kw: Any) -> Any:
             return self.core.list_namespaced_config_map(namespace, **kw)
