@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,13 @@ LAYOUTS = ["per-node", "single"]
                 ids=lambda p: f"{'strict-emulator' if p[0] else 'plain-kmock'}-{p[1]}")  # fmt: skip
 def daemons(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemons]:
     strict, layout = request.param
+    with running(tmp_path, strict=strict, layout=layout) as d:
+        yield d
+
+
+@contextmanager
+def running(tmp_path: Path, *, strict: bool = True, layout: str = "per-node") -> Iterator[Daemons]:
+    """An emulated API and the daemons started on it, all stopped at the end."""
     with KubeAPI.start(strict=strict) as kube:
         d = Daemons(kube, tmp_path, layout)
         try:

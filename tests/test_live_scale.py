@@ -19,7 +19,7 @@ import yaml
 from kubeapi import KubeAPI, eventually
 from promtext import by_name, parse
 from test_cli import get
-from test_live import NS, Daemons
+from test_live import NS, Daemons, running
 
 from status_updater.reconcile import document, gpu_uuid
 from status_updater.state import ClusterState
@@ -72,12 +72,8 @@ def ours(kube: KubeAPI) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Daemons]:
-    with KubeAPI.start(strict=True) as kube:
-        d = Daemons(kube, tmp_path, "per-node")
-        try:
-            yield d
-        finally:
-            d.stop()
+    with running(tmp_path) as d:
+        yield d
 
 
 def test_three_hundred_nodes_each_get_their_own_configmap(cluster: Daemons) -> None:
