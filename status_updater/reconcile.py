@@ -295,21 +295,12 @@ def _advertised_layout(
         gpus = labelled
     if not totals:
         return None
-    entries = tuple(
-        migparted.Entry(
-            (i,),
-            True,
-            tuple(
-                sorted(
-                    (p, n // gpus + (i < n % gpus))
-                    for p, n in totals.items()
-                    if n // gpus + (i < n % gpus)
-                )
-            ),
-        )
-        for i in range(gpus)
-    )
-    return {ADVERTISED: entries}, ADVERTISED
+    entries = []
+    for i in range(gpus):  # GPU i's share: the lower GPUs take the remainder
+        shares = {p: n // gpus + (i < n % gpus) for p, n in totals.items()}
+        counts = tuple(sorted((p, k) for p, k in shares.items() if k))
+        entries.append(migparted.Entry((i,), True, counts))
+    return {ADVERTISED: tuple(entries)}, ADVERTISED
 
 
 def _static_gpus(
