@@ -212,17 +212,13 @@ def build_node(
     layout = None
     mapping: dict[tuple[int, int], runai.MappedDevice] = {}
     model = model_for_product(labels.gpu_product)
-    config_name = static_layout(node)
-    advertised = None
-    if config_name is None and not labels.is_dynamic_mig_enabled and model is not None:
-        advertised = _advertised_layout(node, model, raw_product, gpu_count)
-    if config_name is not None or advertised is not None:
-        if advertised is not None:
-            layouts, config_name = advertised
-        elif layouts is None:
-            layouts = migparted.builtin()
-        assert config_name is not None
-        gpus = _static_gpus(name, layouts, config_name, model, raw_product, gpu_count, warnings)
+    static = (
+        None
+        if labels.is_dynamic_mig_enabled
+        else _static_layouts(node, model, raw_product, gpu_count, layouts, warnings)
+    )
+    if static is not None:
+        gpus = _static_gpus(name, model, static)
         memory = labels.gpu_memory
         if model is not None and (memory == 0 or single):
             memory = model.total_memory_mib
@@ -272,15 +268,81 @@ def _checked(name: str, topo: NodeTopology) -> NodeTopology:
     return topo
 
 
-ADVERTISED = "(advertised resources)"
+def _static_layouts(
+    node: Obj,
+    model: GpuModel | None,
+    raw_product: str,
+    labelled: int,
+    layouts: migparted.Layouts | None,
+    warnings: list[TopologyError] | None,
+) -> list[migparted.GpuLayout] | None:
+    """Per GPU, what mig-manager leaves of a static-MIG node: the layout its label names, or
+    (no label) what it advertises; None for a node that is neither. A layout that cannot be
+    applied is a warning, and leaves MIG on with no instance."""
+    obj = f"node {node_name(node)}"
+    config_name = static_layout(node)
+    if config_name is not None:
+        found = migparted.builtin() if layouts is None else layouts
+        count = labelled
+        if MIG_SUFFIX in raw_product and model is not None:
+            count = _single_strategy_gpus(found, config_name, model, raw_product, labelled, obj)
+
+        def apply() -> list[migparted.GpuLayout]:
+            return migparted.node_layout(found, config_name, model, count, obj)
+
+    else:
+        advertised = _advertised(node, model, raw_product, labelled) if model else None
+        if model is None or advertised is None:
+            return None
+        count = len(advertised)
+
+        def apply() -> list[migparted.GpuLayout]:
+            out = []
+            for i, counts in enumerate(advertised):
+                try:
+                    out.append(migparted.GpuLayout(True, migparted.place(model, counts)))
+                except migparted.Unplaceable as e:  # no label to blame: what the node advertises
+                    raise TopologyError(
+                        obj, "status.allocatable", f"on GPU {i}: {e} (no {migparted.LABEL_CONFIG})"
+                    ) from None
+            return out
+
+    try:
+        return apply()
+    except TopologyError as e:
+        if warnings is not None:
+            warnings.append(e)
+        return [migparted.GpuLayout(True, ())] * count
 
 
-def _advertised_layout(
+def _single_strategy_gpus(
+    layouts: migparted.Layouts,
+    config_name: str,
+    model: GpuModel,
+    raw_product: str,
+    labelled: int,
+    obj: str,
+) -> int:
+    """Single strategy: gpu.count counts MIG devices of the product's profile. Per GPU, the
+    layout's number of them; if the layout changed since GFD wrote the labels (a relabel of a
+    simulated node), as many as fit, as in the all-<profile> layouts."""
+    profile = model.profile(raw_product.split(MIG_SUFFIX, 1)[1])
+    per_gpu = profile.max_count if profile else 1
+    try:
+        (first, *_) = migparted.node_layout(layouts, config_name, model, 1, obj)
+        if profile is not None and {p for _, p in first.devices} == {profile.name}:
+            per_gpu = len(first.devices)
+    except TopologyError:
+        pass  # reported when the layout is applied, with the node's real GPU count
+    return max(1, -(-labelled // per_gpu))
+
+
+def _advertised(
     node: Obj, model: GpuModel, raw_product: str, labelled: int
-) -> tuple[migparted.Layouts, str] | None:
+) -> list[tuple[tuple[str, int], ...]] | None:
     """A MIG node without `nvidia.com/mig.config` (a simulator that only advertises the
-    resources): the layout its advertised instances imply, spread evenly over its GPUs (single
-    strategy: `nvidia.com/gpu.count` of the product's profile, as many per GPU as fit)."""
+    resources): per GPU, the (profile, count)s its advertised instances imply, spread evenly
+    (single strategy: `nvidia.com/gpu.count` of the product's profile, as many per GPU as fit)."""
     if MIG_SUFFIX in raw_product:
         profile = model.profile(raw_product.split(MIG_SUFFIX, 1)[1])
         if profile is None:
@@ -295,51 +357,19 @@ def _advertised_layout(
         gpus = labelled
     if not totals:
         return None
-    entries = []
+    per_gpu = []
     for i in range(gpus):  # GPU i's share: the lower GPUs take the remainder
         shares = {p: n // gpus + (i < n % gpus) for p, n in totals.items()}
-        counts = tuple(sorted((p, k) for p, k in shares.items() if k))
-        entries.append(migparted.Entry((i,), True, counts))
-    return {ADVERTISED: tuple(entries)}, ADVERTISED
+        per_gpu.append(tuple(sorted((p, k) for p, k in shares.items() if k)))
+    return per_gpu
 
 
 def _static_gpus(
-    name: str,
-    layouts: migparted.Layouts,
-    config_name: str,
-    model: GpuModel | None,
-    raw_product: str,
-    labelled: int,
-    warnings: list[TopologyError] | None,
+    name: str, model: GpuModel | None, per_gpu: list[migparted.GpuLayout]
 ) -> list[Gpu]:
-    """The GPUs of a static-MIG node as mig-manager leaves them after applying its layout."""
-    obj = f"node {name}"
-    count = labelled
-    if MIG_SUFFIX in raw_product and model is not None:
-        # Single strategy: gpu.count counts MIG devices of the product's profile. Per GPU, the
-        # layout's number of them; if the layout changed since GFD wrote the labels (a relabel
-        # of a simulated node), as many as fit, as in the all-<profile> layouts.
-        profile = model.profile(raw_product.split(MIG_SUFFIX, 1)[1])
-        per_gpu = profile.max_count if profile else 1
-        try:
-            (first, *_) = migparted.node_layout(layouts, config_name, model, 1, obj)
-            shown = {p for _, p in first.devices}
-            if profile is not None and shown == {profile.name}:
-                per_gpu = len(first.devices)
-        except TopologyError:
-            pass  # reported below, with the node's real GPU count
-        count = max(1, -(-labelled // per_gpu))
-    try:
-        per_gpu_layout = migparted.node_layout(layouts, config_name, model, count, obj)
-    except TopologyError as e:
-        if config_name == ADVERTISED:  # no label to blame: what the node advertises
-            message = e.message.replace(f"layout {ADVERTISED!r} ", "")
-            e = TopologyError(obj, "status.allocatable", f"{message} (no {migparted.LABEL_CONFIG})")
-        if warnings is not None:
-            warnings.append(e)
-        per_gpu_layout = [migparted.GpuLayout(True, ())] * count
+    """The GPUs of a static-MIG node with these instances, ids from node, GPU and GI."""
     gpus = []
-    for index, layout in enumerate(per_gpu_layout):
+    for index, layout in enumerate(per_gpu):
         migs: tuple[MigDevice, ...] | None = None
         if layout.mig_enabled and model is not None:
             devices = []
