@@ -284,8 +284,12 @@ def test_a_node_that_only_advertises_mig_resources_gets_those_instances() -> Non
     single = advertising_node("single", "NVIDIA-A100-SXM4-40GB-MIG-2g.10gb", 6, {})
     too_many = advertising_node("too-many", "NVIDIA-H100-80GB-HBM3", 1,
                                 {"capacity": {"nvidia.com/mig-3g.40gb": "3"}})  # fmt: skip
+    uneven = advertising_node("uneven", "NVIDIA-H100-80GB-HBM3", 2,
+                              {"allocatable": {"nvidia.com/mig-1g.10gb": "3"}})  # fmt: skip
     pod = gpu_pod("server", "single", 1, "2026-01-01T00:00:00Z")  # single: nvidia.com/gpu
-    topology, warnings = reconcile([mixed, single, too_many], [pod])
+    topology, warnings = reconcile([mixed, single, too_many, uneven], [pod])
+    # Not divisible: the lower GPU takes the remainder, none is lost.
+    assert [len(g.mig_devices or ()) for g in topology.nodes["uneven"].gpus] == [2, 1]
     # H100 (halves not swapped): 3g at 4 (GI 2), then the 1g at the first free of 6, 4, 5, 0, 1.
     for gpu in (0, 1):
         assert {p: (d.name, d.gpu_instance_id) for p, d in devices(topology, "mixed", gpu).items()} == {
