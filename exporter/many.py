@@ -60,12 +60,14 @@ class NodesExporter:
     def update_source(self, source: str, topology: Topology, obj: str) -> None:
         with self._lock:
             before = self._sources.get(source, set())
-            self._sources[source] = set(topology.nodes)
+            # A node whose entry is bad stays (with its last good series): it is not gone.
+            named = set(topology.nodes) | set(topology.invalid)
+            self._sources[source] = named
             self._problems.pop(source, None)
             self._problems.pop(_START, None)
-            for name in before - set(topology.nodes):
+            for name in before - named:
                 self._forget(name)
-            for name in topology.nodes:
+            for name in sorted(named):
                 try:
                     node = node_of(topology, name, obj)
                 except TopologyError as e:

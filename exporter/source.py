@@ -16,13 +16,17 @@ def missing_node(topology: Topology, node: str, obj: str) -> TopologyError:
 def node_of(topology: Topology, node: str, obj: str) -> NodeTopology | None:
     """This exporter's node (None if absent), checked against the MIG catalog.
 
-    Raises TopologyError when the node's entry is not something a real GPU could be.
+    Raises TopologyError when the node's entry is not something a real GPU could be. Only this
+    node is judged: another node's bad entry in the same document is that node's problem.
     """
+    bad = topology.invalid.get(node)
+    if bad is not None:
+        raise TopologyError(obj, bad.field, bad.message)
     found = topology.nodes.get(node)
     if found is None:
         return None
     errors = node_errors(node, found)
-    errors += [e for e in duplicate_id_errors(topology) if e.obj == f"node {node}"]
+    errors += duplicate_id_errors(Topology(nodes={node: found}))
     if errors:
         raise TopologyError(obj, errors[0].field, f"{errors[0].obj}: {errors[0].message}")
     return found

@@ -119,10 +119,29 @@ def test_gpu_index_beyond_gpu_count() -> None:
     ],
 )  # fmt: skip
 def test_malformed_documents_are_named(text: str, expected: str) -> None:
-    with pytest.raises(TopologyError) as e:
-        load_yaml(text)
-    assert str(e.value).startswith(expected)
-    assert "\n" not in str(e.value)
+    try:
+        found = list(load_yaml(text).invalid.values())  # a node's problem is that node's
+    except TopologyError as e:
+        found = [e]
+    assert len(found) == 1
+    assert str(found[0]).startswith(expected)
+    assert "\n" not in str(found[0])
+
+
+def test_a_bad_node_entry_leaves_the_other_nodes_readable() -> None:
+    good = {"gpu-count": 1, "gpu-memory": 40960, "gpu-product": "A100-SXM4-40GB",
+            "gpus": [{"id": "GPU-1"}]}  # fmt: skip
+    bad = {**good, "gpus": [{"id": "GPU-2", "status": {"allocated-by": "nobody"}}]}
+    topology = load_yaml(yaml.safe_dump({"nodes": {"a": bad, "b": good, "c": bad}}))
+    assert set(topology.nodes) == {"b"}
+    assert topology.nodes["b"].gpus[0].id == "GPU-1"
+    assert sorted(topology.invalid) == ["a", "c"]
+    assert str(topology.invalid["a"]) == (
+        "topology: nodes.a.gpus[0].status.allocated-by: expected a mapping, got str"
+    )
+    assert [e.field for e in errors(topology)] == [
+        "nodes.a.gpus[0].status.allocated-by", "nodes.c.gpus[0].status.allocated-by"
+    ]  # fmt: skip
 
 
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),

@@ -53,7 +53,12 @@ def show(path: str, node: str | None) -> int:
     except UnreadableFile as e:
         return _fail(f"{name}: {e}")
     try:
-        out = picture(parse_document(text, name), node, obj=name)
+        topology = parse_document(text, name)
+        # The node asked for, or every node, must be readable: a picture is not drawn in part.
+        bad = [e for n, e in sorted(topology.invalid.items()) if node in (None, n)]
+        if bad:
+            raise bad[0]
+        out = picture(topology, node, obj=name)
     except TopologyError as e:
         return _fail(str(e))
     except RecursionError:

@@ -152,14 +152,16 @@ def _merged(items: object, obj: str) -> Topology:
     if not isinstance(items, list):
         raise TopologyError(obj, "items", "expected a list of ConfigMaps")
     nodes: dict[str, Any] = {}
+    invalid: dict[str, TopologyError] = {}
     strategy = "none"
     for i, cm in enumerate(items):
         if not isinstance(cm, Mapping) or cm.get("kind") != "ConfigMap":
             raise TopologyError(obj, f"items[{i}]", "expected a ConfigMap")
         part = configmap_topology(cm, f"{obj} items[{i}]")
-        for name in part.nodes:
-            if name in nodes:
+        for name in (*part.nodes, *part.invalid):
+            if name in nodes or name in invalid:
                 raise TopologyError(obj, f"items[{i}]", f"node {name} is in two ConfigMaps")
         nodes.update(part.nodes)
+        invalid.update(part.invalid)
         strategy = strategy if i else part.mig_strategy
-    return Topology(mig_strategy=strategy, nodes=nodes)
+    return Topology(mig_strategy=strategy, nodes=nodes, invalid=invalid)

@@ -76,6 +76,9 @@ class NodeTopology:
 class Topology:
     mig_strategy: str = "none"
     nodes: Mapping[str, NodeTopology] = field(default_factory=dict)
+    # Node entries that could not be read, and why: a bad entry is that node's problem only, so
+    # the other nodes of the same document are still read (and served).
+    invalid: Mapping[str, TopologyError] = field(default_factory=dict)
 
 
 # --- to the wire ---------------------------------------------------------------------------------
@@ -137,7 +140,7 @@ SafeDumper: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper
 
 # libyaml's composer recurses in C: some tens of thousands of nested `[`/`{` overflow the stack
 # and kill the process (block nesting is bounded by indentation). The schema is a dozen levels
-# deep; a document nesting far deeper is refused before it is parsed.
+# deep; a text that might nest far deeper never reaches libyaml.
 MAX_FLOW_DEPTH = 1000
 _NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
 
@@ -161,11 +164,46 @@ def flow_depth_exceeds(text: str, limit: int = MAX_FLOW_DEPTH) -> bool:
     return False
 
 
+class TooBigError(yaml.YAMLError):
+    def __str__(self) -> str:
+        return "expands its aliases to far more values than its text holds"
+
+
+def _expands_beyond(doc: object, budget: int) -> bool:
+    """Whether the tree, walked with aliases expanded, has more than `budget` values. The loader
+    shares an aliased value, so a few hundred bytes of `&a [*b, *b, …]` load small, and blow up
+    in whatever walks them next: the walk stops as soon as the budget is spent."""
+    stack = [doc]
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return True
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
+
+
 def load_document(text: str) -> Any:
-    """YAML (or JSON) text, parsed safely: TooDeepError, a yaml.YAMLError, when it nests too deep."""
+    """YAML (or JSON) text, parsed safely, in time and memory bounded by its length: a
+    yaml.YAMLError when it nests too deep (TooDeepError) or its aliases expand it far beyond
+    what its text could hold without them (TooBigError)."""
     if flow_depth_exceeds(text):
-        raise TooDeepError()
-    return yaml.load(text, Loader=SafeLoader)
+        # Maybe only brackets inside strings (a pod named `[[[…`, which the updater writes
+        # quoted): the pure-Python loader recurses in Python, where too deep is an exception.
+        try:
+            doc = yaml.load(text, Loader=yaml.SafeLoader)
+        except RecursionError:
+            raise TooDeepError() from None
+    else:
+        doc = yaml.load(text, Loader=SafeLoader)
+    # Without an alias (`*`), every value takes at least a character of the text.
+    if "*" in text and _expands_beyond(doc, len(text) + 1000):
+        raise TooBigError()
+    return doc
 
 
 def dump_yaml(topology: Topology) -> str:
@@ -273,9 +311,9 @@ class _Reader:
             raise self.error(key, f"must be >= {minimum}, got {value}")
         return value
 
-    def string(self, key: str) -> str:
+    def string(self, key: str, *, empty: bool = False) -> str:
         value = self.raw(key)
-        if not isinstance(value, str) or not value:
+        if not isinstance(value, str) or not (value or empty):
             raise self.error(key, f"expected a non-empty string, got {value!r}")
         return value
 
@@ -305,7 +343,11 @@ def _status_from(r: _Reader) -> DeviceStatus:
     allocated_by = None
     if r.has("allocated-by"):
         a = r.sub("allocated-by")
-        allocated_by = AllocatedBy(a.string("namespace"), a.string("pod"), a.string("container"))
+        # Kubernetes names are never empty, but an emulated or hand-made pod's may be: the
+        # exporter shows what the writer saw (an empty label), rather than refusing the node.
+        allocated_by = AllocatedBy(
+            *(a.string(k, empty=True) for k in ("namespace", "pod", "container"))
+        )
     usage: dict[str, PodUsage] = {}
     if r.has("pod-gpu-usage-status"):
         u = r.sub("pod-gpu-usage-status")
@@ -330,33 +372,40 @@ def from_dict(data: object, obj: str = "topology") -> Topology:
             "mig-strategy", f"must be one of {', '.join(MIG_STRATEGIES)}, got {strategy!r}"
         )
     nodes: dict[str, NodeTopology] = {}
+    invalid: dict[str, TopologyError] = {}
     node_map = root.sub("nodes") if root.has("nodes") else _Reader({}, "nodes", obj)
     for name in node_map.data:
-        n = node_map.sub(str(name))
-        gpus = []
-        for g in n.items("gpus") if n.has("gpus") else []:
-            migs = None
-            if g.has("mig-devices"):
-                migs = tuple(
-                    MigDevice(
-                        name=m.string("name"),
-                        position=m.integer("position"),
-                        gpu_instance_id=m.integer("gpu-instance-id"),
-                        id=m.string("id") if m.has("id") else None,
-                        status=_status_from(m.sub("status")) if m.has("status") else None,
-                    )
-                    for m in g.items("mig-devices")
+        try:
+            nodes[str(name)] = _node_from(node_map.sub(str(name)))
+        except TopologyError as e:
+            invalid[str(name)] = e
+    return Topology(mig_strategy=strategy, nodes=nodes, invalid=invalid)
+
+
+def _node_from(n: _Reader) -> NodeTopology:
+    gpus = []
+    for g in n.items("gpus") if n.has("gpus") else []:
+        migs = None
+        if g.has("mig-devices"):
+            migs = tuple(
+                MigDevice(
+                    name=m.string("name"),
+                    position=m.integer("position"),
+                    gpu_instance_id=m.integer("gpu-instance-id"),
+                    id=m.string("id") if m.has("id") else None,
+                    status=_status_from(m.sub("status")) if m.has("status") else None,
                 )
-            status = _status_from(g.sub("status")) if g.has("status") else None
-            gpus.append(Gpu(id=g.string("id"), status=status, mig_devices=migs))
-        nodes[str(name)] = NodeTopology(
-            gpu_count=n.integer("gpu-count"),
-            gpu_memory=n.integer("gpu-memory"),
-            gpu_product=n.string("gpu-product"),
-            is_dynamic_mig_enabled=n.boolean("is-dynamic-mig-enabled"),
-            gpus=tuple(gpus),
-        )
-    return Topology(mig_strategy=strategy, nodes=nodes)
+                for m in g.items("mig-devices")
+            )
+        status = _status_from(g.sub("status")) if g.has("status") else None
+        gpus.append(Gpu(id=g.string("id"), status=status, mig_devices=migs))
+    return NodeTopology(
+        gpu_count=n.integer("gpu-count"),
+        gpu_memory=n.integer("gpu-memory"),
+        gpu_product=n.string("gpu-product"),
+        is_dynamic_mig_enabled=n.boolean("is-dynamic-mig-enabled"),
+        gpus=tuple(gpus),
+    )
 
 
 def load_yaml(text: str, obj: str = "topology") -> Topology:

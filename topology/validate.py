@@ -100,5 +100,6 @@ def duplicate_id_errors(topology: Topology) -> list[TopologyError]:
 
 def errors(topology: Topology) -> list[TopologyError]:
     """All problems of a topology; empty when it is valid."""
+    unread = [topology.invalid[name] for name in sorted(topology.invalid)]
     found = [e for name, node in sorted(topology.nodes.items()) for e in node_errors(name, node)]
-    return found + duplicate_id_errors(topology)
+    return unread + found + duplicate_id_errors(topology)
