@@ -16,6 +16,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from kube.api import TRANSIENT, describe, usable_version
+from kube.times import parse_time
 
 log = logging.getLogger(__name__)
 LEASE_DURATION_S = 15
@@ -32,17 +33,6 @@ def _now() -> dt.datetime:
 
 def _micro_time(t: dt.datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_time(value: object) -> dt.datetime | None:
-    if isinstance(value, dt.datetime):
-        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 class LeaderElector:
@@ -123,7 +113,7 @@ class LeaderElector:
             return True
         spec = lease.spec
         holder = spec.holder_identity if spec else None
-        renewed = _parse_time(spec.renew_time if spec else None)
+        renewed = parse_time(spec.renew_time if spec else None)
         duration = (spec.lease_duration_seconds if spec else None) or self.duration_s
         expired = renewed is None or _now() - renewed > dt.timedelta(seconds=duration)
         if holder and holder != self.identity and not expired:

@@ -12,7 +12,6 @@ A pod whose labels carry `serving.knative.dev/service` (run:ai inference) is an 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,15 +42,14 @@ def parse_fb_used(value: str, obj: str, fb_total: int) -> int:
     field = f"metadata.annotations[{ANNOTATION_FB_USED}]"
     text = value.strip()
     try:
-        if text.endswith("%"):
-            percent = float(text[:-1])
-            if not math.isfinite(percent):
-                raise ValueError(text)
-            mib = int(fb_total * percent / 100)
-        else:
-            mib = int(text)
+        number = float(text[:-1]) if text.endswith("%") else int(text)
     except ValueError:
         raise TopologyError(obj, field, f"expected MiB or a percentage, got {value!r}") from None
+    if text.endswith("%"):
+        if not 0 <= number <= 100:  # also refuses nan and inf, before int() could overflow
+            raise TopologyError(obj, field, f"need 0% to 100%, got {value!r}")
+        number = int(fb_total * number / 100)
+    mib = int(number)
     if not 0 <= mib <= fb_total:
         raise TopologyError(obj, field, f"{mib} MiB does not fit the device's {fb_total} MiB")
     return mib
@@ -64,8 +62,10 @@ def pod_usage(
 
     A bad override is reported and the default used instead: the allocation is never dropped.
     """
-    meta = pod.get("metadata") or {}
-    annotations = meta.get("annotations") or {}
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    annotations = meta.get("annotations")
+    annotations = annotations if isinstance(annotations, Mapping) else {}
     utilization = DEFAULT_UTILIZATION
     fb_used = int(fb_total * DEFAULT_FB_FRACTION)
     if ANNOTATION_UTILIZATION in annotations:
@@ -78,5 +78,6 @@ def pod_usage(
             fb_used = parse_fb_used(str(annotations[ANNOTATION_FB_USED]), obj, fb_total)
         except TopologyError as e:
             warnings.append(e)
-    inference = LABEL_INFERENCE in (meta.get("labels") or {})
+    labels = meta.get("labels")
+    inference = isinstance(labels, Mapping) and LABEL_INFERENCE in labels
     return PodUsage(utilization, fb_used, inference)

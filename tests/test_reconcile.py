@@ -210,7 +210,7 @@ def test_odd_values_in_annotations_are_one_line_warnings() -> None:
     topology, warnings = reconcile([REAL_NODE, odd_node], pods)
     assert [str(w) for w in warnings] == [
         "node odd: metadata.annotations[run.ai/mig.config]: expected a string, got 5",
-        "pod team/huge: metadata.annotations[run.ai/simulated-fb-used]: expected MiB or a percentage, got '1e400%'",
+        "pod team/huge: metadata.annotations[run.ai/simulated-fb-used]: need 0% to 100%, got '1e400%'",
         "pod team/minus: metadata.annotations[runai-mig-device].gpuindex: expected an integer, got '--0'",
     ]
     held = devices(topology)
