@@ -8,17 +8,20 @@ reconciled.
 
 from __future__ import annotations
 
+import math
 import re
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kube.times import timestamp
 from status_updater import usage
 from status_updater.usage import pod_usage
 from topology import migparted, runai
 from topology.catalog import MIG_SUFFIX, GpuModel, model_for_product
 from topology.errors import TopologyError
 from topology.model import (
+    MIG_STRATEGIES,
     AllocatedBy,
     DeviceStatus,
     Gpu,
@@ -58,6 +61,12 @@ def node_name(node: Obj) -> str:
     return str(_meta(node).get("name") or "")
 
 
+def node_created(node: Obj) -> float:
+    """When the Node was created, in seconds (never read: infinitely late)."""
+    created = timestamp(_meta(node).get("creationTimestamp"))
+    return math.inf if created is None else created
+
+
 def node_uid(node: Obj) -> str | None:
     uid = _meta(node).get("uid")
     return uid if isinstance(uid, str) and uid else None
@@ -77,8 +86,10 @@ def is_gpu_node(node: Obj) -> bool:
 
 
 def node_strategy(node: Obj) -> str | None:
+    """The node's `nvidia.com/mig.strategy` if it is one (a bad value is the node's own error,
+    never what the cluster's topology says)."""
     value = _strings(_meta(node).get("labels")).get(runai.LABEL_STRATEGY)
-    return value if isinstance(value, str) else None
+    return value if value in MIG_STRATEGIES else None
 
 
 def static_layout(node: Obj) -> str | None:
@@ -127,6 +138,7 @@ def slim_node(node: Obj) -> dict[str, Any]:
         "metadata": {
             "name": meta.get("name"),
             "uid": meta.get("uid"),
+            "creationTimestamp": meta.get("creationTimestamp"),
             "labels": _only(meta.get("labels"), NODE_LABELS),
             "annotations": _only(meta.get("annotations"), NODE_ANNOTATIONS),
         },
@@ -492,11 +504,13 @@ def _whole_gpus_requested(pod: Obj) -> int:
     return sum(n for _, _, resource, n in requests(pod) if resource == GPU_RESOURCE)
 
 
-def _pod_order(pod: Obj) -> tuple[str, str, str]:
-    """Older pods first, so an allocation never moves to another GPU while its pod lives."""
+def _pod_order(pod: Obj) -> tuple[float, str, str]:
+    """Older pods first (by time, not by text: writers format timestamps differently); a pod
+    without a readable timestamp after all others."""
     meta = _meta(pod)
+    created = timestamp(meta.get("creationTimestamp"))
     return (
-        str(meta.get("creationTimestamp", "")),
+        math.inf if created is None else created,
         str(meta.get("namespace", "")),
         str(meta.get("name", "")),
     )
@@ -509,7 +523,9 @@ class _Node:
     fields on every call, and was a fifth of a pod event's time.
     """
 
-    def __init__(self, name: str, node: NodeTopology, single: bool = False) -> None:
+    def __init__(
+        self, name: str, node: NodeTopology, single: bool = False, kept: Kept | None = None
+    ) -> None:
         self.name = name
         self.node = node
         # The single strategy's `nvidia.com/gpu` is a MIG instance where the GPUs have them.
@@ -518,6 +534,7 @@ class _Node:
         self.gpus = [Gpu(g.id, None, g.mig_devices) for g in node.gpus]
         self.migs = [list(g.mig_devices) if g.mig_devices is not None else None for g in node.gpus]
         self.holders: dict[tuple[int, int], str] = {}
+        self.kept: Kept = kept or {}
 
     def result(self) -> NodeTopology:
         n = self.node
@@ -535,7 +552,7 @@ class _Node:
         allocated_by = AllocatedBy(
             str(meta.get("namespace", "default")), str(meta.get("name", "")), _first_container(pod)
         )
-        uid = str(meta.get("uid") or f"{allocated_by.namespace}/{allocated_by.pod}")
+        uid = _uid(pod)
         if not self.node.is_dynamic_mig_enabled:
             self._place_requested(pod, obj, uid, warnings)
             return
@@ -567,6 +584,7 @@ class _Node:
                 else resource.removeprefix(runai.MIG_RESOURCE_PREFIX)
             )
             held = {(g, d) for g, d, _ in taken}
+            mine = {(g, d) for g, d, c in self.kept.get(uid, ()) if c == container}
             free = [
                 (dev.gpu_instance_id, g, d)
                 for g, devices in enumerate(self.migs)
@@ -582,10 +600,11 @@ class _Node:
                     f"asks for {count} {profile or 'MIG device'}, node {self.name} has "
                     f"{len(free)} free",
                 )
-            chosen = sorted(free, key=lambda f: (f[1], f[0]))[:count]
+            # What the container held before first, so nothing moves while it lives.
+            chosen = sorted(free, key=lambda f: ((f[1], f[2]) not in mine, f[1], f[0]))[:count]
             taken += [(g, d, container) for _, g, d in chosen]
         wanted = sum(n for _, _, n in whole)
-        free_gpus = self._free_gpus()
+        free_gpus = self._free_gpus(uid)
         if wanted > len(free_gpus):
             ci = whole[0][0]
             raise TopologyError(
@@ -612,8 +631,11 @@ class _Node:
                        free_gpus[at : at + count])  # fmt: skip
             at += count
 
-    def _free_gpus(self) -> list[int]:
-        return [i for i, g in enumerate(self.gpus) if g.status is None and self.migs[i] is None]
+    def _free_gpus(self, uid: str) -> list[int]:
+        """The free whole GPUs, those the pod held before first."""
+        free = [i for i, g in enumerate(self.gpus) if g.status is None and self.migs[i] is None]
+        mine = {g for g, d, _ in self.kept.get(uid, ()) if d is None}
+        return sorted(free, key=lambda i: (i not in mine, i))
 
     def _place_mig(
         self,
@@ -674,7 +696,7 @@ class _Node:
     ) -> None:
         if count == 0:
             return
-        free = self._free_gpus()
+        free = self._free_gpus(uid)
         if len(free) < count:
             raise TopologyError(
                 obj,
@@ -701,20 +723,59 @@ class _Node:
             self.gpus[i] = Gpu(gpu.id, DeviceStatus(allocated_by, {uid: usage}), gpu.mig_devices)
 
 
+# pod uid -> (GPU index, MIG device index or None for the whole GPU, container) it held
+Kept = Mapping[str, tuple[tuple[int, int | None, str], ...]]
+
+
+def held_devices(node: NodeTopology, previous: NodeTopology | None) -> Kept:
+    """What each pod held in `previous` (the node's last result, or what the updater wrote
+    before a restart) that `node`'s devices still have: the same whole GPU, or a MIG device of
+    the same profile with the same GPU instance id."""
+    if previous is None:
+        return {}
+    kept: dict[str, list[tuple[int, int | None, str]]] = {}
+    for g, (now, before) in enumerate(zip(node.gpus, previous.gpus, strict=False)):
+        if before.status is not None and now.mig_devices is None and before.mig_devices is None:
+            holder = before.status.allocated_by
+            for uid in before.status.pod_gpu_usage_status:
+                kept.setdefault(uid, []).append((g, None, holder.container if holder else ""))
+        if not now.mig_devices or not before.mig_devices:
+            continue
+        index = {(d.gpu_instance_id, d.name): i for i, d in enumerate(now.mig_devices)}
+        for dev in before.mig_devices:
+            d = index.get((dev.gpu_instance_id, dev.name))
+            if dev.status is None or d is None:
+                continue
+            holder = dev.status.allocated_by
+            for uid in dev.status.pod_gpu_usage_status:
+                kept.setdefault(uid, []).append((g, d, holder.container if holder else ""))
+    return {uid: tuple(held) for uid, held in kept.items()}
+
+
+def _uid(pod: Obj) -> str:
+    meta = _meta(pod)
+    return str(meta.get("uid") or f"{meta.get('namespace', 'default')}/{meta.get('name', '')}")
+
+
 def allocate(
     name: str,
     node: NodeTopology,
     pods: Iterable[Obj],
     warnings: list[TopologyError],
     single: bool = False,
+    previous: NodeTopology | None = None,
 ) -> NodeTopology:
     """The node with the devices its pods hold, and their simulated usage. `single`: the node
-    is labelled with GFD's single strategy.
+    is labelled with GFD's single strategy; `previous`: the node's last result, whose pods keep
+    what they held there for as long as they live (older pods ending never moves them).
 
     A pod that cannot be placed is reported and skipped; the others are placed regardless.
     """
-    state = _Node(name, node, single)
-    for pod in sorted((p for p in pods if holds_gpu(p)), key=_pod_order):
+    kept = held_devices(node, previous)
+    state = _Node(name, node, single, kept)
+    holding = (p for p in pods if holds_gpu(p))
+    # Pods that held devices place first, then new pods, oldest first, in what is left.
+    for pod in sorted(holding, key=lambda p: (_uid(p) not in kept, _pod_order(p))):
         try:
             state.place(pod, warnings)
         except TopologyError as e:

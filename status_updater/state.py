@@ -4,8 +4,9 @@ Objects go in as they come (informer events, or every object of `render`'s files
 recomputes only the nodes they touched and says which nodes' results changed. A node's result is
 a pure function of its Node and its Pods (`reconcile.build_node` and `reconcile.allocate`), plus
 one cluster-wide rule kept in an index: a GPU or MIG id belongs to one node. Where two nodes claim
-one id, the node whose name sorts first keeps it and the other is a bad node, so the outcome does
-not depend on the order events arrived in.
+one id, the oldest Node (then the name that sorts first) keeps it and the other is a bad node, so
+the outcome does not depend on the order events arrived in. Where a pod's annotation gave the id,
+only that device loses it.
 
 Pure: no I/O, no threads. The controller calls it from one thread.
 """
@@ -13,13 +14,13 @@ Pure: no I/O, no threads. The controller calls it from one thread.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from status_updater import reconcile as rc
 from topology import migparted
 from topology.errors import TopologyError
-from topology.model import NodeTopology, Topology
+from topology.model import Gpu, MigDevice, NodeTopology, Topology
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,27 @@ def _ids(node: NodeTopology) -> Iterator[tuple[str, str]]:
                 yield f"gpus[{gi}].mig-devices[{di}].id", dev.id
 
 
+def _without_id(node: NodeTopology, uid: str) -> NodeTopology:
+    gpus = tuple(
+        Gpu(
+            g.id,
+            g.status,
+            None
+            if g.mig_devices is None
+            else tuple(
+                MigDevice(d.name, d.position, d.gpu_instance_id, None, d.status)
+                if d.id == uid
+                else d
+                for d in g.mig_devices
+            ),
+        )
+        for g in node.gpus
+    )
+    return NodeTopology(
+        node.gpu_count, node.gpu_memory, node.gpu_product, node.is_dynamic_mig_enabled, gpus
+    )
+
+
 def _id_set(node: NodeTopology) -> frozenset[str]:
     ids = {gpu.id for gpu in node.gpus}
     ids.update(d.id for gpu in node.gpus for d in gpu.mig_devices or () if d.id is not None)
@@ -56,6 +78,9 @@ class ClusterState:
         self.pods: dict[str, dict[str, rc.Obj]] = {}  # node name -> pod key -> slimmed pod
         self._pod_node: dict[str, str] = {}  # pod key -> node name
         self._computed: dict[str, NodeResult] = {}  # before the cluster-wide id rule
+        # Each node's last placement: its pods keep what they hold there (reconcile.allocate).
+        # From the updater's own results, or, after a restart, from what it wrote (`remember`).
+        self._placed: dict[str, NodeTopology] = {}
         self.results: dict[str, NodeResult] = {}  # what each GPU node's entry should be
         self.warnings: dict[str, list[TopologyError]] = {}  # per node, from its last compute
         # id -> the node whose devices carry it, or the nodes (a set) where several do. A set
@@ -92,8 +117,17 @@ class ClusterState:
         self.layouts = layouts
         self._rebuild.update(n for n, node in self.nodes.items() if rc.static_layout(node))
 
+    def remember(self, placed: Mapping[str, NodeTopology]) -> None:
+        """What the updater wrote for these nodes (read back after a restart, or from another
+        leader): their pods keep those devices. Applied at the next settle."""
+        for name, node in placed.items():
+            if self._placed.get(name) != node:
+                self._placed[name] = node
+                self._stale.add(name)
+
     def delete_node(self, name: str) -> None:
         old = self.nodes.pop(name, None)
+        self._placed.pop(name, None)
         if old is not None:
             self._strategies[rc.node_strategy(old)] -= 1
             self._built.pop(name, None)
@@ -192,7 +226,9 @@ class ClusterState:
         else:
             topo, warnings[:] = built[0], list(built[1])
             single = rc.is_single_strategy(self.nodes[name])
-            result = rc.allocate(name, topo, self.pods.get(name, {}).values(), warnings, single)
+            pods = self.pods.get(name, {}).values()
+            result = rc.allocate(name, topo, pods, warnings, single, self._placed.get(name))
+            self._placed[name] = result
         self.warnings[name] = warnings
         if result is None:
             self._computed.pop(name, None)
@@ -234,13 +270,26 @@ class ClusterState:
             return computed
         if not any(isinstance(self._claims.get(uid), set) for uid in self._node_ids.get(name, ())):
             return computed  # no id of this node is claimed twice: the common case, O(ids)
+        built = self._built.get(name)
+        own = _id_set(built[0]) if isinstance(built, tuple) else frozenset()
         for field, uid in _ids(computed):
-            first = min(self._claimants(uid))
-            if first != name:
-                return Unreadable(
-                    TopologyError(f"node {name}", field, f"duplicate id {uid} (also node {first})")
-                )
+            owner = self._owner(uid)
+            if owner == name:
+                continue
+            if uid not in own:
+                # A pod's annotation named it (the mapping had not): the pod's claim is wrong,
+                # not the node; the device stays, without that id.
+                return _without_id(computed, uid)
+            return Unreadable(
+                TopologyError(f"node {name}", field, f"duplicate id {uid} (also node {owner})")
+            )
         return computed
+
+    def _owner(self, uid: str) -> str:
+        """Of the nodes claiming an id, the one that keeps it: the oldest Node, then the first
+        name. A Node created to claim another's ids is newer, so it never takes them; and the
+        outcome is the same in whatever order the events came."""
+        return min(self._claimants(uid), key=lambda n: (rc.node_created(self.nodes[n]), n))
 
     def strategy(self) -> str:
         """The MIG strategy the GPU nodes are labelled with (the most common; `none` unlabelled)."""
