@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import kubernetes
@@ -24,6 +24,7 @@ from status_updater import reconcile as rc
 from status_updater.state import ClusterState
 from topology import migparted
 from topology.errors import TopologyError
+from topology.model import NodeTopology
 
 log = logging.getLogger(__name__)
 COALESCE_S = 0.2  # a storm of events within this window gives one write per changed node
@@ -51,6 +52,9 @@ class Writer(Protocol):
     def leading(self, leading: bool) -> None:
         """Leadership changed: forget what was assumed to be written."""
 
+    def remembered(self) -> Mapping[str, NodeTopology]:
+        """The node entries the ConfigMaps hold now: the assignments the pods keep."""
+
 
 class Controller:
     def __init__(
@@ -72,6 +76,7 @@ class Controller:
         self._full = True  # compare everything at the next write
         self._warned: dict[str, set[str]] = {}
         self._listed = False  # a full list was applied since the last settle
+        self._remembered = False  # the written assignments were read into the state
 
     # --- informer callbacks (informer threads) ------------------------------------------------
 
@@ -226,6 +231,7 @@ class Controller:
 
     def became_leader(self, leading: bool) -> None:
         self.writer.leading(leading)
+        self._remembered = not leading  # a new leader takes over what the old one assigned
         self._full = True  # the old leader may have written since: compare everything
         self.dirty.set()
 
@@ -241,6 +247,19 @@ class Controller:
             self.drain()
             if self.synced != {"nodes", "pods", "layouts"}:
                 continue
+            if not self._remembered:
+                # Before the first placement (and on taking over): what the ConfigMaps hold is
+                # what pods were given, and they keep it across restarts and leaders.
+                if not self.writer.ready():
+                    continue
+                try:
+                    self.state.remember(self.writer.remembered())
+                except Exception as e:
+                    log.warning("%s: %s; retrying", self.writer.what, describe(e))
+                    self.dirty.set()
+                    backoff.wait(stop)
+                    continue
+                self._remembered = True
             self._pending |= self.settle()
             if self._listed:
                 # Hundreds of thousands of long-lived objects: leave them out of the cyclic

@@ -27,7 +27,8 @@ from kube.api import REQUEST_TIMEOUT, Obj, list_watch, usable_version
 from status_updater import reconcile as rc
 from status_updater.state import ClusterState, Unreadable
 from topology import configmap as contract
-from topology.model import NodeTopology, dump_yaml
+from topology.errors import TopologyError
+from topology.model import NodeTopology, dump_yaml, load_yaml
 
 log = logging.getLogger(__name__)
 CONFIGMAP_LIMIT = 1024 * 1024  # bytes of data a ConfigMap may hold
@@ -144,6 +145,32 @@ class PerNodeWriter:
 
     def leading(self, leading: bool) -> None:
         pass  # the watch keeps `actual` true whoever writes
+
+    def remembered(self) -> Mapping[str, NodeTopology]:
+        """Every managed ConfigMap's node entry, read page by page (the watch keeps digests
+        only: the texts are needed once, at start and on taking over)."""
+        found: dict[str, NodeTopology] = {}
+        token = None
+        while True:
+            page = self.core.list_namespaced_config_map(
+                self.namespace,
+                label_selector=contract.MANAGED_SELECTOR,
+                limit=500,
+                _continue=token,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+            for cm in page.items:
+                labels = (cm.metadata.labels if cm.metadata else None) or {}
+                text = (cm.data or {}).get(contract.DATA_KEY)
+                if not contract.is_managed(labels) or not isinstance(text, str):
+                    continue
+                try:
+                    found.update(load_yaml(text, "ConfigMap").nodes)
+                except TopologyError:
+                    continue  # it is rewritten from the cluster; nothing of it to keep
+            token = page.metadata._continue if page.metadata else None
+            if not token:
+                return found
 
     # --- writing ---------------------------------------------------------------------------------
 

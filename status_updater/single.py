@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import kubernetes
@@ -18,7 +18,7 @@ from kube.api import REQUEST_TIMEOUT, usable_version
 from status_updater.state import ClusterState
 from topology import configmap as contract
 from topology.errors import TopologyError
-from topology.model import Topology, dump_yaml, load_yaml
+from topology.model import NodeTopology, Topology, dump_yaml, load_yaml
 
 log = logging.getLogger(__name__)
 CONFIGMAP_LIMIT = 1024 * 1024  # bytes of data a ConfigMap may hold
@@ -63,6 +63,9 @@ class SingleWriter:
         except Exception:
             self.written = None
             raise
+
+    def remembered(self) -> Mapping[str, NodeTopology]:
+        return dict((self.read_current()[1] or Topology()).nodes)
 
     def read_current(self) -> Read:
         try:

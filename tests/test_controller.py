@@ -9,8 +9,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from kubeapi import eventually
+from kubeapi import KubeAPI, eventually
+from test_reconcile import gpu_pod, whole_gpu_node
 
+from status_updater import daemon
 from status_updater import reconcile as rc
 from status_updater.controller import Controller
 from status_updater.single import SingleWriter, TooLarge
@@ -41,8 +43,10 @@ class Recorder:
 
     what = "recorder"
 
-    def __init__(self) -> None:
+    def __init__(self, written: dict[str, NodeTopology] | None = None) -> None:
         self.writes: list[dict[str, list[list[str]] | str]] = []
+        self.written = written or {}  # what the "ConfigMaps" hold
+        self.reads = 0
 
     def informers(self, stop: threading.Event, wake: Callable[[], None]) -> list[threading.Thread]:
         return []
@@ -59,6 +63,10 @@ class Recorder:
 
     def leading(self, leading: bool) -> None:
         pass
+
+    def remembered(self) -> dict[str, NodeTopology]:
+        self.reads += 1
+        return self.written
 
 
 def _profiles(result: NodeTopology | Unreadable) -> list[list[str]] | str:
@@ -146,3 +154,65 @@ def test_layouts_follow_the_configmap_and_a_bad_one_keeps_the_last(
     assert len(warned) == 1, "said once"
     feed(controller, "DELETED", None)  # gone: the built-ins, which lack `one-small`
     eventually(lambda: writer.writes[-1] == {"n1": [[]]})
+
+
+# ------------------------------------------------- assignments remembered through the ConfigMaps
+
+
+def test_a_restarted_writer_keeps_what_the_configmaps_say_pods_hold() -> None:
+    node, pod = whole_gpu_node("k80", count=2), gpu_pod("b", "k80", 1, "2026-01-02T00:00:00Z")
+    # What a previous process wrote: b on GPU 1 (GPU 0's older pod has ended since).
+    before = ClusterState()
+    before.set_node(node)
+    before.set_pod(gpu_pod("a", "k80", 1, "2026-01-01T00:00:00Z"))
+    before.set_pod(pod)
+    before.settle()
+    before.delete_pod("ns/a")
+    before.settle()
+    writer = Recorder(written=dict(before.topology().nodes))
+    held: list[int] = []
+
+    def sync(state: ClusterState, changed: set[str], full: bool) -> None:
+        result = state.results["k80"]
+        assert isinstance(result, NodeTopology)
+        held.extend(i for i, g in enumerate(result.gpus) if g.status)
+
+    writer.sync = sync  # type: ignore[method-assign]
+    leading = [True]
+    controller = Controller(None, writer, is_leader=lambda: leading[0])  # type: ignore[arg-type]
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.run_writer, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        for what, items in (("nodes", [rc.slim_node(node)]), ("pods", [rc.slim_pod(pod)]),
+                            ("layouts", None)):  # fmt: skip
+            controller.events.put((what, "RESET", items))
+        controller.dirty.set()
+        assert eventually(lambda: held) == [1]  # not GPU 0, where a fresh placement puts it
+        assert writer.reads == 1
+        controller.became_leader(True)  # a takeover reads them again: the old leader wrote
+        eventually(lambda: writer.reads == 2)
+    finally:
+        stop.set()
+        controller.dirty.set()
+        thread.join(5)
+
+
+# ------------------------------------------------- honest health: a dead loop ends the process
+
+
+def test_the_updater_exits_when_one_of_its_loops_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(self: Controller, stop: threading.Event) -> None:
+        return  # the writer loop ends, as a bug would end it
+
+    monkeypatch.setattr(Controller, "run_writer", broken)
+    monkeypatch.setattr(daemon.signal, "signal", lambda *_: None)  # pytest keeps its handlers
+    with KubeAPI.start() as kube:
+        config = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        started = time.monotonic()
+        code = daemon.run(str(config), "per-node", "lease", "me", 30.0, "gpu-operator/x")
+    assert code == 1
+    assert time.monotonic() - started < 5
+    assert "the writer thread stopped; exiting to be restarted" in caplog.text

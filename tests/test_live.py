@@ -392,7 +392,7 @@ def test_bad_pods_never_stop_writes_and_a_reapplied_seed_is_repaired(strict: Dae
         in log
     )
     assert (
-        "pod runai-p1/huge: metadata.annotations[run.ai/simulated-fb-used]: expected MiB or a percentage"
+        "pod runai-p1/huge: metadata.annotations[run.ai/simulated-fb-used]: need 0% to 100%, got '1e400%'"
         in log
     )
 
