@@ -15,7 +15,8 @@ from status_updater.leader import LeaderElector
 from status_updater.pernode import PerNodeWriter
 from status_updater.single import SingleWriter
 
-EXIT_OK, EXIT_USAGE = 0, 2
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
+WATCHDOG_S = 1.0  # how often the main thread checks that every loop still runs
 log = logging.getLogger("status_updater")
 
 
@@ -63,11 +64,18 @@ def run(
         target=controller.run_writer, args=(stop,), name="writer", daemon=True
     )
     elect = threading.Thread(target=elector.run, args=(stop,), name="elector", daemon=True)
-    for t in (*controller.informers(stop), elect, writer_thread):
+    threads = (*controller.informers(stop), elect, writer_thread)
+    for t in threads:
         t.start()
     log.info("running as %s: %s layout, %s, lease %s", identity, layout, writer.what, lease_name)
-    while not stop.wait(3600):
-        pass
+    while not stop.wait(WATCHDOG_S):
+        # Each loop outlives API trouble; one that ended anyway would leave the updater writing
+        # from a frozen view (or not at all) while it looks alive. Exit: the kubelet restarts it.
+        dead = [t.name for t in threads if not t.is_alive()]
+        if dead and not stop.is_set():
+            log.error("the %s thread stopped; exiting to be restarted", ", ".join(dead))
+            elector.release()
+            return EXIT_INTERNAL
     # SIGTERM: a write in flight gets a moment to land (a PATCH lands whole or not at all), then
     # the Lease is released so a standby takes over at once. Watches are daemon threads.
     writer_thread.join(timeout=1.0)
