@@ -21,6 +21,7 @@ from dataclasses import replace
 from exporter import dcgm
 from exporter.server import Published, Snapshot
 from exporter.source import node_of
+from kube.selfmetrics import InvalidObjects, kind_of
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
 
@@ -49,6 +50,8 @@ class NodesExporter:
         self._gpus: dict[str, set[str]] = {}  # node -> its GPU ids, whose energy is counted
         self._step: int | None = None
         self._problems: dict[str, str] = {_START: "no topology yet"}  # source -> reason
+        self.invalid = InvalidObjects("mig_exporter_invalid_objects_total")
+        self._counted: dict[str, TopologyError] = {}  # source or node -> last problem counted
 
     # --- sources in (watch threads) --------------------------------------------------------------
 
@@ -64,6 +67,7 @@ class NodesExporter:
             named = set(topology.nodes) | set(topology.invalid)
             self._sources[source] = named
             self._problems.pop(source, None)
+            self._counted.pop(source, None)  # good again: its next problem is news
             self._problems.pop(_START, None)
             for name in before - named:
                 self._forget(name)
@@ -71,20 +75,38 @@ class NodesExporter:
                 try:
                     node = node_of(topology, name, obj)
                 except TopologyError as e:
+                    if self._count(name, TopologyError(f"node {name}", e.field, e.message)):
+                        log.warning("%s; serving its last good series", e)
                     self._problems[source] = f"{e}; serving its last good series"
-                    log.warning("%s", self._problems[source])
                     continue
+                self._counted.pop(name, None)
                 if node is not None and self._nodes.get(name) != node:
                     self._nodes[name] = node
                     self._dirty.add(name)
         self.wake.set()
 
-    def source_problem(self, source: str, reason: str) -> None:
+    def source_problem(
+        self, source: str, reason: str, invalid: TopologyError | None = None
+    ) -> None:
         with self._lock:
             if self._problems.get(source) != reason:
                 log.warning("%s", reason)
             self._problems[source] = reason
+            if invalid is not None:
+                self._count(source, invalid)
         self.wake.set()
+
+    def rejected(self, e: TopologyError) -> None:
+        """The one document (a file, the single layout's ConfigMap) is invalid."""
+        self.source_problem(e.obj, f"{e}; serving the last good series", e)
+
+    def _count(self, key: str, e: TopologyError) -> bool:
+        """Count a problem once, when it is new for this source or node."""
+        if self._counted.get(key) == e:
+            return False
+        self._counted[key] = e
+        self.invalid.count(kind_of(e.obj))
+        return True
 
     def remove_source(self, source: str) -> None:
         with self._lock:
@@ -160,10 +182,11 @@ class NodesExporter:
         body = dcgm.join_parts(
             (self._parts[name] for name in sorted(self._parts)), self.options.counters
         )
+        own = self.invalid.exposition()
         if not problems:
-            return Snapshot(body, True, "ok")
+            return Snapshot(body, True, "ok", own)
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-        return Snapshot(body, False, problems[0] + more)
+        return Snapshot(body, False, problems[0] + more, own)
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():

@@ -28,10 +28,11 @@ class Snapshot:
     parts: tuple[bytes, ...] = ()
     healthy: bool = False
     reason: str = "no topology yet"
+    own: bytes = b""  # the daemon's own metrics, served after the DCGM series
     size: int = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size", sum(map(len, self.parts)))
+        object.__setattr__(self, "size", sum(map(len, self.parts)) + len(self.own))
 
     @cached_property
     def body(self) -> bytes:
@@ -56,7 +57,7 @@ def _handler(published: Published) -> type[BaseHTTPRequestHandler]:
             snap = published.snapshot
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                self._send_parts(snap.parts, snap.size)
+                self._send_parts((*snap.parts, snap.own), snap.size)
             elif path == "/health":
                 status = 200 if snap.healthy else 503
                 text = "ok" if snap.healthy else snap.reason

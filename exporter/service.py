@@ -13,6 +13,7 @@ from exporter import dcgm
 from exporter.server import Published, Snapshot
 from exporter.source import missing_node, node_of
 from kube.files import UnreadableFile, read_text
+from kube.selfmetrics import InvalidObjects, kind_of
 from topology.configmap import parse_document
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
@@ -41,11 +42,24 @@ class Exporter:
         self.wake = threading.Event()
         self._node: NodeTopology | None = None
         self._problem: str | None = "no topology yet"
+        self.invalid = InvalidObjects("mig_exporter_invalid_objects_total")
+        self._counted: TopologyError | None = None  # the last invalid input counted
+
+    def rejected(self, e: TopologyError) -> None:
+        """The source's content is invalid: keep serving, report unhealthy, count it once."""
+        self._count(e)
+        self.problem(f"{e}; serving the last good topology")
+
+    def _count(self, e: TopologyError) -> None:
+        if e != self._counted:
+            self._counted = e
+            self.invalid.count(kind_of(e.obj))
 
     def update(self, topology: Topology, obj: str) -> None:
         try:
             node = node_of(topology, self.node_name, obj)
         except TopologyError as e:
+            self._count(TopologyError(f"node {self.node_name}", e.field, e.message))
             self._set_problem(f"{e}; serving the last good topology")
         else:
             if node is None:
@@ -55,6 +69,7 @@ class Exporter:
                 self._set_problem(f"{reason}; serving the last good topology")
             else:
                 self._node = node
+                self._counted = None  # good again: its next problem is news
                 self._set_problem(None)
         self.wake.set()
 
@@ -73,7 +88,8 @@ class Exporter:
 
     def snapshot(self) -> Snapshot:
         body = dcgm.render(self._node, self.options, self.clock())
-        return Snapshot((body,), self._problem is None, self._problem or "ok")
+        own = self.invalid.exposition()
+        return Snapshot((body,), self._problem is None, self._problem or "ok", own)
 
     def run(self, stop: threading.Event) -> None:
         """Render on every change, and each utilization step since simulated values move in time."""
@@ -104,6 +120,8 @@ class Sink(Protocol):
 
     def problem(self, reason: str) -> None: ...
 
+    def rejected(self, e: TopologyError) -> None: ...
+
 
 def follow_file(path: Path, exporter: Sink, stop: threading.Event, interval: float = 1.0) -> None:
     """Reload when the file changes: a ConfigMap mounted as a volume is updated in place."""
@@ -119,5 +137,5 @@ def follow_file(path: Path, exporter: Sink, stop: threading.Event, interval: flo
             try:
                 exporter.update(read_topology_file(path), f"topology file {path}")
             except TopologyError as e:
-                exporter.problem(str(e))
+                exporter.rejected(e)
         stop.wait(interval)

@@ -36,7 +36,7 @@ def watch_configmap(
         try:
             exporter.update(contract.configmap_topology(cm, obj), obj)
         except TopologyError as e:
-            exporter.problem(f"{e}; serving the last good topology")
+            exporter.rejected(e)
 
     # The field selector narrows the watch on a real API server; emulators may ignore it.
     def on_reset(items: list[Obj]) -> None:
@@ -74,7 +74,7 @@ def watch_node_configmaps(
         try:
             exporter.update_source(name, contract.configmap_topology(cm, obj), obj)
         except TopologyError as e:
-            exporter.source_problem(name, f"{e}; serving its last good topology")
+            exporter.source_problem(name, f"{e}; serving its last good topology", e)
 
     def on_reset(items: list[Obj]) -> None:
         mine = [cm for cm in items if ours(cm)]

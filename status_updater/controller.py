@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import kubernetes
 
 from kube.api import Backoff, Obj, describe, list_watch
+from kube.selfmetrics import InvalidObjects, kind_of
 from status_updater import reconcile as rc
 from status_updater.state import ClusterState
 from topology import migparted
@@ -77,6 +78,7 @@ class Controller:
         self._warned: dict[str, set[str]] = {}
         self._listed = False  # a full list was applied since the last settle
         self._remembered = False  # the written assignments were read into the state
+        self.invalid = InvalidObjects("mig_status_updater_invalid_objects_total")
 
     # --- informer callbacks (informer threads) ------------------------------------------------
 
@@ -201,6 +203,7 @@ class Controller:
             except TopologyError as e:
                 if str(e) != self._layouts_seen:
                     log.warning("%s; keeping the layouts in use", e)
+                    self.invalid.count("configmap")
                     self._layouts_seen = str(e)
                 return
         if said != self._layouts_seen:
@@ -220,9 +223,11 @@ class Controller:
     def settle(self) -> set[str]:
         changed = self.state.settle()
         for name in changed:
-            messages = {str(w) for w in self.state.node_warnings(name)}
+            warnings = {str(w): w for w in self.state.node_warnings(name)}
+            messages = set(warnings)
             for m in sorted(messages - self._warned.get(name, set())):
-                log.warning("%s", m)
+                log.warning("%s", m)  # once per problem: a node that stays bad is not news
+                self.invalid.count(kind_of(warnings[m].obj))
             if messages:
                 self._warned[name] = messages
             else:
