@@ -145,12 +145,40 @@ def parser() -> argparse.ArgumentParser:
     )
     live.add_argument(
         "--resync",
-        type=float,
-        default=float(os.environ.get("RESYNC_SECONDS") or 30),
+        type=_seconds,
+        default=os.environ.get("RESYNC_SECONDS") or "30",  # a string: parsed (and checked) as given
         help="seconds between checks that the ConfigMaps still hold what was written "
         "(env RESYNC_SECONDS, default %(default)s)",
     )
+    live.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=os.environ.get("METRICS_PORT") or "9401",
+        help="serve /health and the updater's own /metrics on this port, 0 for none "
+        "(env METRICS_PORT, default %(default)s)",
+    )
+    live.add_argument(
+        "--metrics-address",
+        default=os.environ.get("METRICS_ADDRESS") or "0.0.0.0",
+        help="listen address for --metrics-port (env METRICS_ADDRESS, default %(default)s)",
+    )
     return p
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 86400:
+        raise argparse.ArgumentTypeError(f"expected seconds between 0 and 86400, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 0-65535, got {text!r}")
+    return int(text)
 
 
 def _configmap_ref(text: str) -> str:
@@ -174,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.identity,
             args.resync,
             args.mig_parted_config,
+            (args.metrics_address, args.metrics_port) if args.metrics_port else None,
         )
     except KeyboardInterrupt:
         return 130

@@ -9,6 +9,7 @@ import threading
 
 import kubernetes
 
+from exporter.server import MetricsServer, Published, Snapshot
 from kube.api import ConfigError, api_client, topology_name, topology_namespace
 from status_updater.controller import Controller, Writer
 from status_updater.leader import LeaderElector
@@ -27,6 +28,7 @@ def run(
     identity: str,
     resync_s: float,
     mig_parted_config: str,
+    metrics: tuple[str, int] | None = None,
 ) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -64,15 +66,29 @@ def run(
         target=controller.run_writer, args=(stop,), name="writer", daemon=True
     )
     elect = threading.Thread(target=elector.run, args=(stop,), name="elector", daemon=True)
+    published = Published()
+    server = None
+    if metrics is not None:
+        try:
+            server = MetricsServer(published, *metrics)
+        except OSError as e:
+            print(
+                f"error: cannot listen on {metrics[0]}:{metrics[1]}: {e.strerror}", file=sys.stderr
+            )
+            return EXIT_USAGE
+        server.start()
     threads = (*controller.informers(stop), elect, writer_thread)
     for t in threads:
         t.start()
     log.info("running as %s: %s layout, %s, lease %s", identity, layout, writer.what, lease_name)
-    while not stop.wait(WATCHDOG_S):
+    while True:
         # Each loop outlives API trouble; one that ended anyway would leave the updater writing
         # from a frozen view (or not at all) while it looks alive. Exit: the kubelet restarts it.
         dead = [t.name for t in threads if not t.is_alive()]
-        if dead and not stop.is_set():
+        published.publish(_health(controller, elector.is_leader(), dead))
+        if stop.wait(WATCHDOG_S):
+            break
+        if dead:
             log.error("the %s thread stopped; exiting to be restarted", ", ".join(dead))
             elector.release()
             return EXIT_INTERNAL
@@ -80,4 +96,27 @@ def run(
     # the Lease is released so a standby takes over at once. Watches are daemon threads.
     writer_thread.join(timeout=1.0)
     elector.release()
+    if server is not None:
+        server.stop()
     return EXIT_OK
+
+
+def _health(controller: Controller, leader: bool, dead: list[str]) -> Snapshot:
+    """`/health` and the updater's own `/metrics`: whether it follows the cluster, and what it
+    had to skip."""
+    waiting = sorted({"nodes", "pods", "layouts"} - controller.synced)
+    if dead:
+        reason = f"the {', '.join(dead)} thread stopped"
+    elif waiting:
+        reason = f"waiting for the first list of {', '.join(waiting)}"
+    else:
+        reason = "ok"
+    own = (
+        controller.invalid.exposition()
+        + (
+            "# HELP mig_status_updater_leader 1 while this replica writes the topology ConfigMaps.\n"
+            "# TYPE mig_status_updater_leader gauge\n"
+            f"mig_status_updater_leader {int(leader)}\n"
+        ).encode()
+    )
+    return Snapshot((), reason == "ok", reason, own)

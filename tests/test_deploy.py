@@ -29,6 +29,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from status_updater.cli import parser as updater_parser
 from topology.migparted import DEFAULT_CONFIGMAP
 
 REPO = Path(__file__).resolve().parent.parent
@@ -587,6 +588,11 @@ def test_status_updater_deployment(rendered: list[dict[str, Any]]) -> None:
     assert env["TOPOLOGY_CM_NAMESPACE"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.namespace"}
     }
+    # Ready once it follows the cluster: the probe asks the port the updater listens on.
+    [port] = container["ports"]
+    default = updater_parser().parse_args(["run"]).metrics_port
+    assert port == {"name": "metrics", "containerPort": default}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "metrics"}
 
 
 def test_service_selects_exporter_pods(rendered: list[dict[str, Any]]) -> None:

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from conftest import ROOT, SAMPLES
 from kubeapi import KubeAPI, eventually
+from prometheus_client.parser import text_string_to_metric_families
 from promtext import by_name, parse
 from test_cli import free_port, get
 
@@ -37,6 +38,7 @@ class Daemons:
         self.kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
         self.procs: list[subprocess.Popen[str]] = []
         self.logs = tmp_path
+        self.health_urls: dict[str, str] = {}
 
     def start(self, *args: str, name: str) -> subprocess.Popen[str]:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "TOPOLOGY_CM_NAMESPACE": NS,
@@ -50,7 +52,11 @@ class Daemons:
         return proc
 
     def updater(self, name: str = "updater-0", *args: str) -> subprocess.Popen[str]:
-        return self.start("status_updater", "run", *args, name=name)
+        """An updater, its /health and /metrics on a port of its own (`health_url(name)`)."""
+        port = free_port()
+        self.health_urls[name] = f"http://127.0.0.1:{port}"
+        return self.start("status_updater", "run", "--metrics-address", "127.0.0.1",
+                          "--metrics-port", str(port), *args, name=name)  # fmt: skip
 
     def exporter(self, *args: str, name: str = "exporter") -> str:
         port = free_port()
@@ -459,3 +465,29 @@ def test_per_node_configmaps_follow_their_nodes_and_others_are_left_alone(tmp_pa
             assert "Traceback" not in d.log("updater-0")
         finally:
             d.stop()
+
+
+def test_updater_health_and_own_metrics(strict: Daemons) -> None:
+    kube = strict.kube
+    kube.create("nodes", node_object(FOUR_SMALL))
+    bad = json.loads(json.dumps(node_object(FOUR_SMALL)))
+    bad["metadata"]["name"] = "bad-node"
+    bad["metadata"]["labels"]["nvidia.com/gpu.count"] = "lots"
+    kube.create("nodes", bad)
+    strict.updater("updater-0")
+    url = strict.health_urls["updater-0"]
+    eventually(lambda: mig_devices(strict), timeout=20)
+    eventually(lambda: get(f"{url}/health") == (200, "ok\n"), timeout=3)  # published each second
+    _, text = get(f"{url}/metrics")
+    series = {
+        (s.name, tuple(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert series[("mig_status_updater_invalid_objects_total", (("kind", "node"),))] == 1
+    assert series[("mig_status_updater_invalid_objects_total", (("kind", "pod"),))] == 0
+    assert series[("mig_status_updater_leader", ())] == 1
+    assert get(f"{url}/nothing")[0] == 404
+    assert "metadata.labels[nvidia.com/gpu.count]: expected an integer, got 'lots'" in (
+        strict.log("updater-0")
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
+from conftest import run_cli
 from promtext import parse
 from test_exporter import MIG
 from test_many import doc
@@ -14,6 +15,7 @@ from test_reconcile import REAL_NODE, gpu_pod, whole_gpu_node
 from exporter import dcgm
 from exporter.server import MetricsServer, Published
 from exporter.service import Exporter
+from status_updater import daemon
 from status_updater import reconcile as rc
 from status_updater.controller import Controller
 from topology.errors import TopologyError
@@ -100,3 +102,33 @@ def test_the_updater_counts_bad_nodes_and_pods_once(caplog: pytest.LogCaptureFix
     controller.settle()
     assert controller.invalid.exposition() == own
     assert sum("expected an integer, got 'many'" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_updater_health_says_what_it_waits_for_or_which_loop_died() -> None:
+    controller = Controller(None, None)  # type: ignore[arg-type]
+    waiting = daemon._health(controller, leader=False, dead=[])
+    assert (waiting.healthy, waiting.reason) == (
+        False, "waiting for the first list of layouts, nodes, pods"
+    )  # fmt: skip
+    controller.synced |= {"nodes", "pods", "layouts"}
+    ok = daemon._health(controller, leader=True, dead=[])
+    assert (ok.healthy, ok.reason) == (True, "ok")
+    assert "mig_status_updater_leader 1\n" in ok.own.decode()
+    dead = daemon._health(controller, leader=True, dead=["writer"])
+    assert (dead.healthy, dead.reason) == (False, "the writer thread stopped")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"RESYNC_SECONDS": "soon"}, "argument --resync: expected seconds between 0 and 86400, got 'soon'"),
+        ({"METRICS_PORT": "99999"}, "argument --metrics-port: expected a port 0-65535, got '99999'"),
+    ],
+)  # fmt: skip
+def test_bad_updater_settings_from_the_environment_exit_2(
+    env: dict[str, str], message: str
+) -> None:
+    result = run_cli("status_updater", "run", env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].endswith(message)
+    assert "Traceback" not in result.stderr
