@@ -161,7 +161,7 @@ def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
         source.start()
     what = "every node" if args.all_nodes else f"node {args.node_name}"
     log.info("serving %s on http://%s:%d/metrics", what, args.address, server.port)
-    exporter.run(stop)
+    exporter.run(stop, sources)
     server.stop()
     return EXIT_OK
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from exporter import dcgm
 from exporter.server import Published, Snapshot
+from exporter.service import WATCHDOG_S, stopped
 from exporter.source import node_of
 from kube.selfmetrics import InvalidObjects, kind_of
 from topology.errors import TopologyError
@@ -188,8 +189,11 @@ class NodesExporter:
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
         return Snapshot(body, False, problems[0] + more, own)
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event, sources: Sequence[threading.Thread] = ()) -> None:
         while not stop.is_set():
             self.wake.clear()
+            gone = stopped(sources, stop)
+            if gone:
+                self.problem(gone, key="sources")
             self.published.publish(self.render())
-            self.wake.wait(dcgm.until_next_step(self.clock()))
+            self.wake.wait(min(dcgm.until_next_step(self.clock()), WATCHDOG_S))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -91,12 +91,27 @@ class Exporter:
         own = self.invalid.exposition()
         return Snapshot((body,), self._problem is None, self._problem or "ok", own)
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event, sources: Sequence[threading.Thread] = ()) -> None:
         """Render on every change, and each utilization step since simulated values move in time."""
         while not stop.is_set():
             self.wake.clear()
+            gone = stopped(sources, stop)
+            if gone:
+                self._set_problem(gone)
             self.published.publish(self.snapshot())
-            self.wake.wait(dcgm.until_next_step(self.clock()))
+            self.wake.wait(min(dcgm.until_next_step(self.clock()), WATCHDOG_S))
+
+
+WATCHDOG_S = 1.0  # how often the render loop checks that its sources still run
+
+
+def stopped(sources: Sequence[threading.Thread], stop: threading.Event) -> str | None:
+    """Why the series are stale when a source thread has ended (a bug): nothing would update them
+    again, so `/health` must say so rather than answer 200 on a frozen topology."""
+    dead = [t.name for t in sources if not t.is_alive()]
+    if not dead or stop.is_set():
+        return None
+    return f"the topology source {', '.join(dead)} stopped; serving the last good topology"
 
 
 # `render --layout per-node` for 5,000 busy 8-GPU nodes is about 70 MiB: room for that, and a

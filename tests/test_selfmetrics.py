@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import threading
 import urllib.request
 
 import pytest
 from conftest import run_cli
-from promtext import parse
+from kubeapi import eventually
+from promtext import by_name, parse
 from test_exporter import MIG
 from test_many import doc
 from test_many import exporter as nodes_exporter
 from test_reconcile import REAL_NODE, gpu_pod, whole_gpu_node
 
 from exporter import dcgm
+from exporter.many import NodesExporter
 from exporter.server import MetricsServer, Published
 from exporter.service import Exporter
 from status_updater import daemon
@@ -132,3 +135,28 @@ def test_bad_updater_settings_from_the_environment_exit_2(
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].endswith(message)
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["one-node", "all-nodes"])
+def test_the_exporter_turns_unhealthy_when_its_source_stops(many: bool) -> None:
+    published = Published()
+    sink: Exporter | NodesExporter = (
+        NodesExporter(dcgm.Options("h"), published) if many else Exporter(NODE, dcgm.Options("h"), published)
+    )  # fmt: skip
+    sink.update(MIG, "cm")
+    release = threading.Event()
+    source = threading.Thread(target=release.wait, name="watch-topology", daemon=True)
+    source.start()
+    stop = threading.Event()
+    loop = threading.Thread(target=sink.run, args=(stop, [source]), daemon=True)
+    loop.start()
+    try:
+        eventually(lambda: published.snapshot.healthy, timeout=3)
+        release.set()  # the watch ends, as a bug would end it
+        snap = eventually(lambda: not published.snapshot.healthy and published.snapshot, timeout=3)
+        assert snap.reason.startswith("the topology source watch-topology stopped")
+        assert by_name(parse(snap.body.decode()), "DCGM_FI_DEV_FB_USED")  # still served
+    finally:
+        stop.set()
+        sink.wake.set()
+        loop.join(3)
