@@ -90,6 +90,7 @@ def run(
             break
         if dead:
             log.error("the %s thread stopped; exiting to be restarted", ", ".join(dead))
+            stop.set()  # the other loops end too
             elector.release()
             return EXIT_INTERNAL
     # SIGTERM: a write in flight gets a moment to land (a PATCH lands whole or not at all), then
