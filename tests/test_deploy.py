@@ -874,3 +874,23 @@ def test_dockerfile_matches_manifests() -> None:
     }
     assert not ignored & set(needed)
     assert {".venv", ".git", "tests"} <= ignored
+
+
+@pytest.mark.parametrize("install", INSTALLS)
+def test_rbac_is_least_privilege_in_every_install(install: str) -> None:
+    rendered = render(install)
+    roles = [o for o in rendered if o["kind"] in ("Role", "ClusterRole")]
+    assert roles
+    for role in roles:
+        for rule in role.get("rules", []):
+            for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert "*" not in rule.get(field, []), (role["metadata"]["name"], rule)
+            assert "nonResourceURLs" not in rule, role["metadata"]["name"]
+    # The exporters only read: no verb that changes anything, on anything.
+    accounts = {p["serviceAccountName"] for _, p in pod_specs(rendered)} - {UPDATER}
+    assert accounts
+    for account in accounts:
+        for rules in bound_rules(rendered, account):
+            for rule in rules:
+                assert set(rule["verbs"]) <= READ_VERBS, (account, rule)
+                assert not {"secrets", "leases"} & set(rule["resources"]), (account, rule)
