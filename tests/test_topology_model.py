@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from topology import yamltext
-from topology.errors import TopologyError
+from topology.errors import TopologyError, one_line
 from topology.model import (
     AllocatedBy,
     DeviceStatus,
@@ -180,3 +180,22 @@ def test_the_fast_writer_writes_what_the_generic_one_does(topology: Topology) ->
     text = dump_yaml(topology)
     assert text == yamltext.dump(to_dict(topology))  # which PyYAML reads back (test_yamltext.py)
     assert yaml.safe_load(text) == to_dict(topology)
+
+
+def test_duplicate_gpu_and_mig_ids_name_where_they_were_first_seen() -> None:
+    node = {"gpu-count": 1, "gpu-memory": 40960, "gpu-product": "NVIDIA-A100-SXM4-40GB",
+            "is-dynamic-mig-enabled": True,
+            "gpus": [{"id": "GPU-1", "mig-devices": [
+                {"id": "MIG-1", "name": "1g.5gb", "position": 0, "gpu-instance-id": 13}]}]}  # fmt: skip
+    topology = load_yaml(yaml.safe_dump({"nodes": {"a": node, "b": node}}))
+    assert [str(e) for e in errors(topology)] == [
+        "node b: gpus[0].id: duplicate id GPU-1 (also node a gpus[0].id)",
+        "node b: gpus[0].mig-devices[0].id: duplicate id MIG-1 (also node a gpus[0].mig-devices[0].id)",
+    ]  # fmt: skip
+
+
+def test_messages_escape_control_characters_and_stay_short() -> None:
+    e = TopologyError("pod a\nb", "f\t", "x\ry\x1b\u2028" + "z" * 1000)
+    assert str(e).startswith("pod a\\nb: f\\t: x\\ry\\x1b\\x2028zzz")
+    assert len(e.message) == 400 and e.message.endswith("z…")
+    assert one_line(ValueError("a\n  b\tc")) == "a b c"
