@@ -19,6 +19,7 @@ from exporter.many import NodesExporter
 from exporter.server import MetricsServer, Published
 from exporter.service import Exporter, Sink, follow_file, read_topology_file
 from exporter.source import missing_node, node_of
+from exporter.webconfig import WebConfigError, load
 from kube.api import add_layout_argument, topology_name, topology_namespace
 from topology.configmap import node_configmap_name
 from topology.errors import TopologyError
@@ -92,6 +93,14 @@ def parser() -> argparse.ArgumentParser:
         "MIG_POD_LABELS=true); off by default, as run:ai dynamic MIG leaves them empty",
     )
     p.add_argument(
+        "--web-config-file",
+        type=Path,
+        metavar="FILE",
+        default=os.environ.get("WEB_CONFIG_FILE") or None,
+        help="TLS, client certificates and basic auth for /metrics and /health, in Prometheus "
+        "exporter-toolkit's web config format (env WEB_CONFIG_FILE; default plain HTTP, open)",
+    )
+    p.add_argument(
         "--kubeconfig",
         default=os.environ.get("KUBECONFIG"),
         help="kubeconfig when not in a cluster (env KUBECONFIG)",
@@ -120,6 +129,9 @@ def _once(args: argparse.Namespace, options: dcgm.Options) -> int:
 
 
 def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
+    # First: a web config that cannot be used must stop the exporter before it serves anything,
+    # not leave it serving in the clear.
+    web = load(args.web_config_file) if args.web_config_file is not None else None
     stop = threading.Event()
     published = Published()
     exporter: Exporter | NodesExporter = (
@@ -152,7 +164,7 @@ def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
             return EXIT_USAGE
         sources = _watches(args, exporter, stop, client)
     try:
-        server = MetricsServer(published, args.address, args.port)
+        server = MetricsServer(published, args.address, args.port, web)
     except OSError as e:
         print(f"error: cannot listen on {args.address}:{args.port}: {e.strerror}", file=sys.stderr)
         return EXIT_USAGE
@@ -160,7 +172,8 @@ def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
     for source in sources:
         source.start()
     what = "every node" if args.all_nodes else f"node {args.node_name}"
-    log.info("serving %s on http://%s:%d/metrics", what, args.address, server.port)
+    scheme = "https" if server.tls else "http"
+    log.info("serving %s on %s://%s:%d/metrics", what, scheme, args.address, server.port)
     exporter.run(stop, sources)
     server.stop()
     return EXIT_OK
@@ -219,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.once:
             return _once(args, options)
         return serve(args, options)
-    except TopologyError as e:
+    except (TopologyError, WebConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -1,17 +1,51 @@
 """HTTP endpoint: `/metrics` serves the last rendered bytes, `/health` says if they can be trusted.
 
 A scrape only reads an immutable snapshot; rendering happens when the topology changes.
+
+The server answers those two paths to GET and HEAD and nothing else, and bounds what a client can
+make it hold: connections at once, the size of a request's head and the time to send it. Bodies
+are never read. With a web config (exporter/webconfig.py) it speaks TLS, checks client
+certificates or basic auth, and adds the configured headers.
 """
 
 from __future__ import annotations
 
+import io
+import logging
 import os
+import re
 import socket
+import ssl
+import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+from exporter.webconfig import BasicAuth, WebConfig, server_context
+from topology.errors import one_line
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+log = logging.getLogger("exporter.http")
+
+# Bounds on what one client can make the server hold. Its clients are Prometheus and people with
+# curl: a request worth answering is a few hundred bytes that arrive at once.
+MAX_CONNECTIONS = 64  # served at once, a thread each; more are closed as they arrive
+MAX_HEAD_BYTES = 8192  # request line and headers together; more is 431 (http.server alone
+# takes 100 header lines of 64 KiB each)
+HEAD_TIMEOUT_S = 10.0  # TLS handshake, request line and headers in all: a client that sends a
+# byte a second (slowloris) is dropped, its slot free again, after this long
+SEND_TIMEOUT_S = 30.0  # a response stalls this long on a client that stopped reading: dropped
+LINGER_S = 1.0  # after a refusal, unread request bytes are drained this long, so closing does not
+# reset the connection under the refusal before the client reads it
+TLS_CHUNK_BYTES = 256 << 10  # TLS cannot hand the kernel many buffers at once: parts are joined
+# into records of about this size
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16  # buffers per sendmsg
@@ -49,30 +83,160 @@ class Published:
         self.snapshot = snapshot
 
 
-def _handler(published: Published) -> type[BaseHTTPRequestHandler]:
+@dataclass(frozen=True)
+class Limits:
+    """The bounds above, as parameters so tests can make them small."""
+
+    max_connections: int = MAX_CONNECTIONS
+    max_head_bytes: int = MAX_HEAD_BYTES
+    head_timeout_s: float = HEAD_TIMEOUT_S
+    send_timeout_s: float = SEND_TIMEOUT_S
+
+
+class HeadTooLarge(Exception):
+    pass
+
+
+# The head ends at its first empty line; http.server accepts lines ended by LF alone too.
+_END_OF_HEAD = re.compile(rb"\n\r?\n")
+
+
+def read_head(sock: socket.socket, limit: int, deadline: float) -> bytes:
+    """The request line and headers, up to and with the empty line that ends them; b"" when the
+    client closes first. TimeoutError past `deadline` (time.monotonic()) in all, not per read:
+    a byte every few seconds does not keep a connection. Nothing after the head is read."""
+    buf = bytearray()
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("request head not complete in time")
+        sock.settimeout(remaining)
+        chunk = sock.recv(limit + 1 - len(buf))
+        if not chunk:
+            return b""
+        start = max(0, len(buf) - 2)  # the end may straddle two reads
+        buf += chunk
+        end = _END_OF_HEAD.search(buf, start)
+        if end is not None and end.end() <= limit:
+            return bytes(buf[: end.end()])
+        if len(buf) > limit or end is not None:
+            raise HeadTooLarge()
+
+
+class _SocketWriter(io.BufferedIOBase):
+    """`wfile`: every write sent whole, on a plain or a TLS socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: ReadableBuffer, /) -> int:
+        self._sock.sendall(b)
+        return memoryview(b).nbytes
+
+
+def _handler(
+    published: Published, limits: Limits, headers: Sequence[tuple[str, str]], auth: BasicAuth | None
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "mig-exporter"
 
+        def version_string(self) -> str:
+            return self.server_version  # not the Python version
+
+        def setup(self) -> None:
+            self.connection = self.request
+            self.rfile = io.BytesIO()
+            self.wfile = _SocketWriter(self.connection)
+
+        def handle(self) -> None:
+            conn = self.connection
+            deadline = time.monotonic() + limits.head_timeout_s
+            try:
+                if isinstance(conn, ssl.SSLSocket):
+                    # Here, in the connection's thread, not in accept: a client that stalls its
+                    # handshake holds only its own slot, and within the same deadline.
+                    conn.settimeout(limits.head_timeout_s)
+                    conn.do_handshake()
+                head = read_head(conn, limits.max_head_bytes, deadline)
+            except HeadTooLarge:
+                self._refuse_head()
+                return
+            except OSError as e:  # timed out, reset, TLS refused: nothing to answer
+                log.debug("connection from %s dropped: %s", self.client_address[0], one_line(e))
+                return
+            conn.settimeout(limits.send_timeout_s)
+            self.rfile = io.BytesIO(head)
+            super().handle()
+
+        def _refuse_head(self) -> None:
+            self.command, self.requestline, self.request_version = "", "", "HTTP/1.0"
+            self.connection.settimeout(limits.send_timeout_s)
+            self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
+            _linger(self.connection)
+
+        def parse_request(self) -> bool:
+            if not super().parse_request():
+                return False
+            if auth is None or auth.allows(self.headers.get("Authorization")):
+                return True
+            # As exporter-toolkit: every path, /health too, and whatever the method.
+            self.send_response(HTTPStatus.UNAUTHORIZED)
+            self.send_header("WWW-Authenticate", "Basic")
+            body = b"Unauthorized\n"
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+            return False
+
+        def end_headers(self) -> None:
+            for name, value in headers:  # the web config's, on every response, errors too
+                self.send_header(name, value)
+            super().end_headers()
+
         def do_GET(self) -> None:
+            self._serve(body=True)
+
+        def do_HEAD(self) -> None:
+            self._serve(body=False)
+
+        def _method_not_allowed(self) -> None:
+            self.send_response(HTTPStatus.METHOD_NOT_ALLOWED)
+            self.send_header("Allow", "GET, HEAD")
+            self.send_header("Connection", "close")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        # Methods HTTP defines get 405 naming the two served; any other word, http.server's 501.
+        do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = (
+            _method_not_allowed
+        )
+
+        def _serve(self, body: bool) -> None:
             snap = published.snapshot
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                self._send_parts((*snap.parts, snap.own), snap.size)
+                self._send_parts((*snap.parts, snap.own) if body else (), snap.size)
             elif path == "/health":
                 status = 200 if snap.healthy else 503
                 text = "ok" if snap.healthy else snap.reason
-                self._send(status, f"{text}\n".encode(), "text/plain; charset=utf-8")
+                self._send(status, f"{text}\n".encode(), "text/plain; charset=utf-8", body)
             else:
                 self._send(
-                    404, b"not found: try /metrics or /health\n", "text/plain; charset=utf-8"
+                    404, b"not found: try /metrics or /health\n", "text/plain; charset=utf-8", body
                 )
 
-        def _send(self, status: int, body: bytes, content_type: str) -> None:
+        def _send(self, status: int, content: bytes, content_type: str, body: bool) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(content)))
             self.end_headers()
-            self.wfile.write(body)
+            if body:
+                self.wfile.write(content)
 
         def _send_parts(self, parts: tuple[bytes, ...], size: int) -> None:
             self.send_response(200)
@@ -87,8 +251,28 @@ def _handler(published: Published) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+def _linger(sock: socket.socket) -> None:
+    """Stop sending, then read and drop what the client still sends, briefly: closing with
+    unread bytes would reset the connection and could discard the answer before it is read."""
+    deadline = time.monotonic() + LINGER_S
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        drained = 0
+        while drained < 1 << 16 and (remaining := deadline - time.monotonic()) > 0:
+            sock.settimeout(remaining)
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            drained += len(chunk)
+    except OSError:
+        pass
+
+
 def send_all(sock: socket.socket, parts: Sequence[bytes]) -> None:
     """Send every part in order with as few system calls as the kernel allows, copying none."""
+    if isinstance(sock, ssl.SSLSocket):
+        _send_tls(sock, parts)
+        return
     views = [memoryview(p) for p in parts if p]
     i = 0
     while i < len(views):
@@ -102,10 +286,105 @@ def send_all(sock: socket.socket, parts: Sequence[bytes]) -> None:
                 sent = 0
 
 
+def _send_tls(sock: ssl.SSLSocket, parts: Sequence[bytes]) -> None:
+    """No sendmsg over TLS: small parts (a node's fragments) joined into records, big ones as
+    they are."""
+    batch: list[bytes] = []
+    size = 0
+    for part in parts:
+        if size + len(part) > TLS_CHUNK_BYTES and batch:
+            sock.sendall(b"".join(batch))
+            batch, size = [], 0
+        if len(part) >= TLS_CHUNK_BYTES:
+            sock.sendall(part)
+        elif part:
+            batch.append(part)
+            size += len(part)
+    if batch:
+        sock.sendall(b"".join(batch))
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # a burst of connections waits in the kernel, not refused there
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        limits: Limits,
+        context: ssl.SSLContext | None,
+    ) -> None:
+        self.context = context
+        self.limits = limits
+        self.slots = threading.BoundedSemaphore(limits.max_connections)
+        super().__init__(address, handler)
+
+    def get_request(self) -> tuple[Any, Any]:
+        sock, address = self.socket.accept()
+        if self.context is not None:
+            # The handshake waits for the connection's own thread (and its deadline).
+            sock = self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, address
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        # Full: the new connection is closed at once. The slots free as soon as the connections
+        # holding them answer or time out, so a crowd of slow clients delays scrapes by at most
+        # HEAD_TIMEOUT_S instead of piling up threads.
+        if self.slots.acquire(blocking=False):
+            return True
+        log.debug(
+            "connection from %s refused: %d served already",
+            client_address[0],
+            self.limits.max_connections,
+        )
+        return False
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()  # no thread started to release it
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Never a traceback on stderr. A client that goes away mid-answer is not news; anything
+        # else is a bug, said in one line.
+        e = sys.exc_info()[1]
+        if isinstance(e, OSError):
+            log.debug("connection from %s: %s", client_address[0], one_line(e))
+        elif e is not None:
+            log.error("answering %s: %s: %s", client_address[0], type(e).__name__, one_line(e))
+
+
 class MetricsServer:
-    def __init__(self, published: Published, address: str, port: int) -> None:
-        ThreadingHTTPServer.daemon_threads = True
-        self.httpd = ThreadingHTTPServer((address, port), _handler(published))
+    """`/metrics` and `/health` on `address:port`, in a thread; TLS and auth as `web` says.
+
+    A `web` whose certificates cannot be loaded raises WebConfigError before anything listens.
+    """
+
+    def __init__(
+        self,
+        published: Published,
+        address: str,
+        port: int,
+        web: WebConfig | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        limits = limits or Limits()
+        context = server_context(web) if web is not None else None
+        auth = BasicAuth(web.users) if web is not None and web.users else None
+        headers = web.headers if web is not None else ()
+        self.tls = context is not None
+        self.httpd = _Server(
+            (address, port), _handler(published, limits, headers, auth), limits, context
+        )
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
 
     @property
