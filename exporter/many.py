@@ -168,6 +168,9 @@ class NodesExporter:
                 for name in dirty
             }
             problems = sorted(self._problems.values())
+            ready = (
+                _START not in self._problems
+            )  # a source was read: its nodes (maybe none) are true
         for name, node in todo.items():
             gone = self._gpus.pop(name, set())
             if node is None:
@@ -185,9 +188,9 @@ class NodesExporter:
         )
         own = self.invalid.exposition()
         if not problems:
-            return Snapshot(body, True, "ok", own)
+            return Snapshot(body, True, "ok", own, ready)
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-        return Snapshot(body, False, problems[0] + more, own)
+        return Snapshot(body, False, problems[0] + more, own, ready)
 
     def run(self, stop: threading.Event, sources: Sequence[threading.Thread] = ()) -> None:
         while not stop.is_set():

@@ -63,6 +63,9 @@ class Snapshot:
     healthy: bool = False
     reason: str = "no topology yet"
     own: bytes = b""  # the daemon's own metrics, served after the DCGM series
+    # False only before the first topology: /metrics answers 503 then, so a scrape right after a
+    # (re)start fails (Prometheus: up == 0) instead of reading an empty exporter as real.
+    ready: bool = True
     size: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -77,7 +80,7 @@ class Published:
     """The one snapshot scrapes see; replaced whole, so readers never see half an update."""
 
     def __init__(self) -> None:
-        self.snapshot = Snapshot()
+        self.snapshot = Snapshot(ready=False)
 
     def publish(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
@@ -219,7 +222,9 @@ def _handler(
         def _serve(self, body: bool) -> None:
             snap = published.snapshot
             path = self.path.split("?", 1)[0]
-            if path == "/metrics":
+            if path == "/metrics" and not snap.ready:
+                self._send(503, f"{snap.reason}\n".encode(), "text/plain; charset=utf-8", body)
+            elif path == "/metrics":
                 self._send_parts((*snap.parts, snap.own) if body else (), snap.size)
             elif path == "/health":
                 status = 200 if snap.healthy else 503

@@ -89,7 +89,8 @@ class Exporter:
     def snapshot(self) -> Snapshot:
         body = dcgm.render(self._node, self.options, self.clock())
         own = self.invalid.exposition()
-        return Snapshot((body,), self._problem is None, self._problem or "ok", own)
+        ready = self._node is not None  # never served a node: nothing true to say yet
+        return Snapshot((body,), self._problem is None, self._problem or "ok", own, ready)
 
     def run(self, stop: threading.Event, sources: Sequence[threading.Thread] = ()) -> None:
         """Render on every change, and each utilization step since simulated values move in time."""

@@ -9,6 +9,7 @@ import pytest
 from conftest import run_cli
 from kubeapi import eventually
 from promtext import by_name, parse
+from test_cli import get
 from test_exporter import MIG
 from test_many import doc
 from test_many import exporter as nodes_exporter
@@ -160,3 +161,22 @@ def test_the_exporter_turns_unhealthy_when_its_source_stops(many: bool) -> None:
         stop.set()
         sink.wake.set()
         loop.join(3)
+
+
+def test_metrics_fail_until_the_first_topology_then_serve_it() -> None:
+    published = Published()
+    exporter = Exporter(NODE, dcgm.Options("h"), published)
+    server = MetricsServer(published, "127.0.0.1", 0)
+    server.start()
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        assert get(f"{url}/metrics") == (503, "no topology yet\n")  # not an empty exporter
+        exporter.rejected(BAD_CM)  # still nothing true to serve
+        published.publish(exporter.snapshot())
+        assert get(f"{url}/metrics")[0] == 503
+        exporter.update(MIG, "cm")
+        published.publish(exporter.snapshot())
+        status, text = get(f"{url}/metrics")
+        assert status == 200 and by_name(parse(text), "DCGM_FI_DEV_FB_USED")
+    finally:
+        server.stop()
