@@ -1,0 +1,277 @@
+"""The updater's API edge against a fake API object: what each call carries, and what a
+conflict makes it do. (The live tests show the same against the emulator; these pin it down.)"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from freezegun import freeze_time
+from kubernetes.client import (
+    V1ConfigMap,
+    V1Lease,
+    V1LeaseSpec,
+    V1ObjectMeta,
+)
+from kubernetes.client.exceptions import ApiException
+from test_reconcile import gpu_pod, whole_gpu_node
+
+from status_updater import leader as leader_module
+from status_updater.leader import RENEW_DEADLINE_S, LeaderElector
+from status_updater.pernode import PerNodeWriter
+from status_updater.single import SingleWriter
+from status_updater.state import ClusterState
+from topology import configmap as contract
+from topology.model import dump_yaml, load_yaml
+
+NS = "gpu-operator"
+
+
+@dataclass
+class Response:
+    data: bytes
+
+
+@dataclass
+class FakeCore:
+    """ConfigMaps in memory, with resourceVersions and the API's 409 on a stale one."""
+
+    cms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    calls: list[tuple[str, str, Any]] = field(default_factory=list)
+    version: int = 0
+    others_write: int = 0  # the next N patches find that someone else wrote first
+    others_text: str = "someone else's"  # what they wrote
+
+    def put(self, name: str, data: dict[str, str], labels: dict[str, str] | None = None) -> None:
+        self.version += 1
+        self.cms[name] = {"metadata": {"name": name, "namespace": NS, "labels": labels or {},
+                                       "resourceVersion": str(self.version)}, "data": data}  # fmt: skip
+
+    def _answer(self, name: str, preload: bool) -> Any:
+        cm = self.cms[name]
+        if not preload:
+            return Response(json.dumps(cm).encode())
+        meta = cm["metadata"]
+        return V1ConfigMap(
+            metadata=V1ObjectMeta(name=name, labels=meta["labels"],
+                                  resource_version=meta["resourceVersion"]),
+            data=dict(cm["data"]),
+        )  # fmt: skip
+
+    def read_namespaced_config_map(self, name: str, namespace: str, **kw: Any) -> Any:
+        self.calls.append(("read", name, None))
+        if name not in self.cms:
+            raise ApiException(status=404)
+        return self._answer(name, kw.get("_preload_content", True))
+
+    def create_namespaced_config_map(self, namespace: str, body: Any, **kw: Any) -> Any:
+        name = body["metadata"]["name"]
+        self.calls.append(("create", name, body))
+        if name in self.cms:
+            raise ApiException(status=409)
+        self.put(name, body["data"], body["metadata"].get("labels"))
+        return self._answer(name, kw.get("_preload_content", True))
+
+    def patch_namespaced_config_map(self, name: str, namespace: str, body: Any, **kw: Any) -> Any:
+        self.calls.append(("patch", name, body))
+        if name not in self.cms:
+            raise ApiException(status=404)
+        if self.others_write:
+            self.others_write -= 1
+            self.put(name, {"topology.yml": self.others_text}, self.cms[name]["metadata"]["labels"])
+        wanted = (body.get("metadata") or {}).get("resourceVersion")
+        if wanted is not None and wanted != self.cms[name]["metadata"]["resourceVersion"]:
+            raise ApiException(status=409)
+        labels = {**self.cms[name]["metadata"]["labels"], **(body.get("metadata") or {}).get("labels", {})}  # fmt: skip
+        self.put(name, {**self.cms[name]["data"], **body["data"]}, labels)
+        return self._answer(name, kw.get("_preload_content", True))
+
+    def writes(self) -> list[tuple[str, Any]]:
+        return [(verb, body) for verb, _, body in self.calls if verb in ("create", "patch")]
+
+
+def state_with(*pods: dict[str, Any]) -> ClusterState:
+    return ClusterState.of([whole_gpu_node("k80", count=2)], list(pods))
+
+
+# --- the single layout ---------------------------------------------------------------------------
+
+
+def test_single_creates_then_patches_with_the_version_it_read() -> None:
+    core = FakeCore()
+    writer = SingleWriter(core, "topology", NS)  # type: ignore[arg-type]
+    writer.sync(state_with(), set(), full=True)
+    [(verb, body)] = core.writes()
+    assert verb == "create" and body["metadata"]["name"] == "topology"
+    writer.sync(state_with(gpu_pod("p", "k80", 1, "2026-01-01T00:00:00Z")), {"k80"}, full=False)
+    verb, body = core.writes()[-1]
+    assert verb == "patch" and body["metadata"] == {"resourceVersion": "1"}
+    written = load_yaml(core.cms["topology"]["data"]["topology.yml"])
+    assert written.nodes["k80"].gpus[0].status is not None
+
+
+def test_single_rereads_and_applies_again_on_a_409() -> None:
+    core = FakeCore()
+    state = state_with(gpu_pod("p", "k80", 1, "2026-01-01T00:00:00Z"))
+    core.put("topology", {"topology.yml": "mig-strategy: none\nnodes: {}\n"})
+    core.others_write = 1  # between our read and our patch, someone writes
+    SingleWriter(core, "topology", NS).write(state.topology())  # type: ignore[arg-type]
+    patches = [body for verb, body in core.writes() if verb == "patch"]
+    assert [p["metadata"]["resourceVersion"] for p in patches] == ["1", "2"]  # read again
+    assert [verb for verb, _, _ in core.calls] == ["read", "patch", "read", "patch"]
+    assert load_yaml(core.cms["topology"]["data"]["topology.yml"]) == state.topology()
+
+
+def test_single_gives_up_after_five_conflicts_in_a_row() -> None:
+    core = FakeCore()
+    core.put("topology", {"topology.yml": "mig-strategy: none\nnodes: {}\n"})
+    core.others_write = 99
+    with pytest.raises(ApiException) as e:
+        SingleWriter(core, "topology", NS).write(state_with().topology())  # type: ignore[arg-type]
+    assert e.value.status == 409
+    assert sum(verb == "patch" for verb, _, _ in core.calls) == 5
+
+
+def test_single_writes_nothing_when_the_configmap_already_holds_it() -> None:
+    core = FakeCore()
+    state = state_with()
+    core.put("topology", {"topology.yml": dump_yaml(state.topology())})
+    SingleWriter(core, "topology", NS).sync(state, set(), full=True)  # type: ignore[arg-type]
+    assert core.writes() == []
+
+
+# --- the per-node layout -------------------------------------------------------------------------
+
+
+def per_node(core: FakeCore) -> PerNodeWriter:
+    writer = PerNodeWriter(core, NS)  # type: ignore[arg-type]
+    managed = [cm for cm in core.cms.values() if contract.is_managed(cm["metadata"]["labels"])]
+    writer._events.put(("RESET", managed))  # what its ConfigMap watch lists
+    assert writer.ready()
+    return writer
+
+
+def test_per_node_rereads_on_a_409_and_stops_when_the_content_is_there() -> None:
+    core = FakeCore()
+    writer = per_node(core)
+    state = state_with(gpu_pod("p", "k80", 1, "2026-01-01T00:00:00Z"))
+    writer.sync(state, {"k80"}, full=False)
+    name = contract.node_configmap_name("k80")
+    assert [verb for verb, _ in core.writes()] == ["create"]
+    # The pod ends; someone else writes first: the patch carries the version seen, gets 409,
+    # reads again and patches with the new one.
+    core.others_write = 1
+    writer.sync(state_with(), {"k80"}, full=False)
+    patches = [body for verb, body in core.writes() if verb == "patch"]
+    assert [p["metadata"]["resourceVersion"] for p in patches] == ["1", "2"]
+    assert load_yaml(core.cms[name]["data"]["topology.yml"]).nodes["k80"].gpus[0].status is None
+    # The same document again: nothing to write.
+    before = len(core.writes())
+    writer.sync(state_with(), {"k80"}, full=True)
+    assert len(core.writes()) == before
+
+
+def test_per_node_stops_when_the_conflicting_write_was_its_own_document() -> None:
+    core = FakeCore()
+    writer = per_node(core)
+    writer.sync(state_with(gpu_pod("p", "k80", 1, "2026-01-01T00:00:00Z")), {"k80"}, full=False)
+    # Another replica (a leader about to step down) writes the very document we are about to.
+    core.others_write, core.others_text = 1, dump_yaml(state_with().topology())
+    writer.sync(state_with(), {"k80"}, full=False)
+    assert [verb for verb, _ in core.writes()] == ["create", "patch"]  # no second patch
+
+
+def test_per_node_never_touches_a_configmap_it_does_not_manage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    core = FakeCore()
+    name = contract.node_configmap_name("k80")
+    core.put(name, {"topology.yml": "hands off"}, {"team": "someone-else"})
+    writer = per_node(core)
+    writer.sync(state_with(), {"k80"}, full=False)
+    assert [verb for verb, _ in core.writes()] == ["create"]  # refused with 409, then read
+    assert core.cms[name]["data"] == {"topology.yml": "hands off"}
+    assert "exists and was not created by the updater: not touched" in caplog.text
+
+
+def test_per_node_remembers_what_its_configmaps_hold() -> None:
+    core = FakeCore()
+    state = state_with(gpu_pod("p", "k80", 1, "2026-01-01T00:00:00Z"))
+    writer = per_node(core)
+    writer.sync(state, {"k80"}, full=True)
+    core.put("unrelated", {"topology.yml": dump_yaml(state_with().topology())})  # not managed
+    core.list_namespaced_config_map = lambda namespace, **kw: _page(core, kw)  # type: ignore[attr-defined]
+    assert writer.remembered() == dict(state.topology().nodes)
+
+
+def _page(core: FakeCore, kw: dict[str, Any]) -> Any:
+    from kubernetes.client import V1ConfigMapList, V1ListMeta
+
+    selector = dict(s.split("=") for s in kw["label_selector"].split(","))
+    items = [core._answer(n, True) for n, cm in core.cms.items()
+             if selector.items() <= cm["metadata"]["labels"].items()]  # fmt: skip
+    return V1ConfigMapList(items=items, metadata=V1ListMeta(_continue=None))
+
+
+# --- the Lease -----------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeLeases:
+    lease: V1Lease | None = None
+    fail: bool = False
+
+    def read_namespaced_lease(self, name: str, namespace: str, **kw: Any) -> V1Lease:
+        if self.fail:
+            raise ApiException(status=503)
+        if self.lease is None:
+            raise ApiException(status=404)
+        return self.lease
+
+    def create_namespaced_lease(self, namespace: str, body: Any, **kw: Any) -> None:
+        spec = body["spec"]
+        self.lease = V1Lease(
+            metadata=V1ObjectMeta(name=body["metadata"]["name"], resource_version="1"),
+            spec=V1LeaseSpec(holder_identity=spec["holderIdentity"],
+                             lease_duration_seconds=spec["leaseDurationSeconds"],
+                             renew_time=spec["renewTime"]),
+        )  # fmt: skip
+
+    def patch_namespaced_lease(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
+        assert self.lease is not None and self.lease.spec is not None
+        self.lease.spec.holder_identity = body["spec"]["holderIdentity"]
+        self.lease.spec.renew_time = body["spec"]["renewTime"]
+
+
+def test_a_leader_that_cannot_renew_steps_down_at_the_deadline() -> None:
+    changes: list[bool] = []
+    api = FakeLeases()
+    elector = LeaderElector(api, "lease", NS, "me", changes.append)  # type: ignore[arg-type]
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    with freeze_time(start) as clock:
+        elector._renewed_at = leader_module._now() if elector.try_acquire_or_renew() else None
+        elector._set(True)
+        assert elector.is_leader() and changes == [True]
+        api.fail = True  # the API goes away: no renewal from now on
+        clock.tick(RENEW_DEADLINE_S - 0.5)
+        assert elector.is_leader()  # still within the deadline
+        clock.tick(1.0)
+        assert not elector.is_leader()  # past it: another replica may take over soon
+        assert changes == [True, False]
+
+
+def test_an_expired_lease_is_taken_over_and_a_live_one_is_not() -> None:
+    api = FakeLeases()
+    with freeze_time("2026-01-01T00:00:00Z") as clock:
+        other = LeaderElector(api, "lease", NS, "other")  # type: ignore[arg-type]
+        assert other.try_acquire_or_renew()
+        me = LeaderElector(api, "lease", NS, "me")  # type: ignore[arg-type]
+        clock.tick(leader_module.LEASE_DURATION_S - 1)
+        assert not me.try_acquire_or_renew()  # the holder renewed recently enough
+        clock.tick(2)
+        assert me.try_acquire_or_renew()
+        assert api.lease is not None and api.lease.spec is not None
+        assert api.lease.spec.holder_identity == "me"
