@@ -20,18 +20,12 @@ from exporter.server import MetricsServer, Published
 from exporter.service import Exporter, Sink, follow_file, read_topology_file
 from exporter.source import missing_node, node_of
 from exporter.webconfig import WebConfigError, load
-from kube.api import add_layout_argument, topology_name, topology_namespace
+from kube.api import add_layout_argument, port, topology_name, topology_namespace
 from topology.configmap import node_configmap_name
 from topology.errors import TopologyError
 
 EXIT_OK, EXIT_USAGE = 0, 2
 log = logging.getLogger("exporter")
-
-
-def _port(text: str) -> int:
-    if not text.isdigit() or not 0 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port 0-65535, got {text!r}")
-    return int(text)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -65,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--once", action="store_true", help="print the exposition and exit")
     p.add_argument("--address", default="0.0.0.0", help="listen address (default 0.0.0.0)")
-    p.add_argument("--port", type=_port, default=9400, help="listen port (default 9400)")
+    p.add_argument("--port", type=port, default=9400, help="listen port (default 9400)")
     p.add_argument(
         "--driver-version",
         default=os.environ.get("DRIVER_VERSION") or dcgm.DEFAULT_DRIVER_VERSION,

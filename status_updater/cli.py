@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from kube.api import add_layout_argument, topology_name, topology_namespace
+from kube.api import add_layout_argument, port, topology_name, topology_namespace
 from kube.files import UnreadableFile, read_text
 from status_updater.objects import InputError, load_objects
 from status_updater.reconcile import document
@@ -152,7 +152,7 @@ def parser() -> argparse.ArgumentParser:
     )
     live.add_argument(
         "--metrics-port",
-        type=_port,
+        type=port,
         default=os.environ.get("METRICS_PORT") or "9401",
         help="serve /health and the updater's own /metrics on this port, 0 for none "
         "(env METRICS_PORT, default %(default)s)",
@@ -173,12 +173,6 @@ def _seconds(text: str) -> float:
     if not 0 < value < 86400:
         raise argparse.ArgumentTypeError(f"expected seconds between 0 and 86400, got {text!r}")
     return value
-
-
-def _port(text: str) -> int:
-    if not text.isdigit() or not 0 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port 0-65535, got {text!r}")
-    return int(text)
 
 
 def _configmap_ref(text: str) -> str:
