@@ -13,10 +13,10 @@ def parse_time(value: object) -> dt.datetime | None:
     """An aware datetime (UTC when none is given), or None when `value` is not a time."""
     if isinstance(value, dt.datetime):
         return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-    if not isinstance(value, str) or not value or len(value) > 64:
+    if not isinstance(value, str):
         return None
     try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+        parsed = dt.datetime.fromisoformat(value.upper())  # RFC 3339 allows a lowercase t and z
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)

@@ -15,7 +15,7 @@ UTC = dt.UTC
     ("text", "expected"),
     [
         ("2026-01-01T00:00:00Z", dt.datetime(2026, 1, 1, tzinfo=UTC)),
-        ("2026-01-01T00:00:00z", dt.datetime(2026, 1, 1, tzinfo=UTC)),
+        ("2026-01-01t00:00:00z", dt.datetime(2026, 1, 1, tzinfo=UTC)),
         ("2026-01-01T05:00:00+05:00", dt.datetime(2026, 1, 1, tzinfo=UTC)),
         ("2026-01-01T00:00:00.500000Z", dt.datetime(2026, 1, 1, 0, 0, 0, 500000, tzinfo=UTC)),
         ("2026-01-01T00:00:00", dt.datetime(2026, 1, 1, tzinfo=UTC)),  # naive: UTC

@@ -198,6 +198,7 @@ def test_messages_escape_control_characters_and_stay_short() -> None:
     e = TopologyError("pod a\nb", "f\t", "x\ry\x1b\u2028" + "z" * 1000)
     assert str(e).startswith("pod a\\nb: f\\t: x\\ry\\x1b\\x2028zzz")
     assert len(e.message) == 400 and e.message.endswith("z…")
+    assert TopologyError("o", "f", "m" * 400).message == "m" * 400  # at the limit: whole
     assert one_line(ValueError("a\n  b\tc")) == "a b c"
 
 
@@ -208,21 +209,23 @@ def test_every_problem_of_every_gpu_is_reported_in_order() -> None:
     h100 = {"gpu-count": 2, "gpu-memory": 81559, "gpu-product": "NVIDIA-H100-80GB-HBM3",
             "is-dynamic-mig-enabled": True, "gpus": [
                 {"id": "GPU-0", "mig-devices": [dev("9g.9gb", 0), dev("3g.40gb", 4), dev("2g.20gb", 5),
-                                                dev("4g.40gb", 0), dev("1g.10gb", 4), dev("7g.80gb", 1)]},
+                                                dev("4g.40gb", 0), dev("7g.80gb", 1), dev("1g.10gb", 4),
+                                                dev("1g.20gb", 3)]},
                 {"id": "GPU-1", "mig-devices": [dev("1g.10gb+me", 0), dev("1g.10gb+me", 1),
                                                 dev("1g.10gb", 2)]}]}  # fmt: skip
-    k80 = {"gpu-count": 2, "gpu-memory": 11441, "gpu-product": "Tesla-K80", "gpus": [
-        {"id": "GPU-2", "mig-devices": [dev("1g.5gb", 0)]},
+    k80 = {"gpu-count": 3, "gpu-memory": 11441, "gpu-product": "Tesla-K80", "gpus": [
+        {"id": "GPU-4"}, {"id": "GPU-2", "mig-devices": [dev("1g.5gb", 0)]},
         {"id": "GPU-3", "mig-devices": [dev("1g.5gb", 0)]}]}  # fmt: skip
     found = errors(load_yaml(yaml.safe_dump({"nodes": {"h": h100, "k": k80}})))
     assert [str(e) for e in found] == [
         "node h: gpus[0].mig-devices[0].name: unknown profile '9g.9gb' for H100-80GB (1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb)",
         "node h: gpus[0].mig-devices[2].position: 2g.20gb cannot start at 5 (valid: 0, 2, 4)",
-        "node h: gpus[0].mig-devices[4].position: 1g.10gb@4 overlaps 3g.40gb@4",
-        "node h: gpus[0].mig-devices[5].position: 7g.80gb at 1 is outside the GPU's 8 memory slices",
+        "node h: gpus[0].mig-devices[4].position: 7g.80gb at 1 is outside the GPU's 8 memory slices",
+        "node h: gpus[0].mig-devices[5].position: 1g.10gb@4 overlaps 3g.40gb@4",
+        "node h: gpus[0].mig-devices[6].position: 1g.20gb cannot start at 3 (valid: 0, 2, 4, 6)",
         "node h: gpus[1].mig-devices[1].name: more than 1 1g.10gb+me on one GPU",
-        "node k: gpus[0].mig-devices: GPU 'Tesla-K80' does not support MIG",
         "node k: gpus[1].mig-devices: GPU 'Tesla-K80' does not support MIG",
+        "node k: gpus[2].mig-devices: GPU 'Tesla-K80' does not support MIG",
     ]  # fmt: skip
     overlap = {**h100, "gpus": [{"id": "GPU-9", "mig-devices": [dev("1g.10gb", 0), dev("1g.10gb", 1),
                                                                 dev("3g.40gb", 0)]}]}  # fmt: skip

@@ -81,6 +81,11 @@ def test_overrides_and_the_inference_label() -> None:
                         "labels": {"serving.knative.dev/service": "svc"}}}  # fmt: skip
     warnings: list[TopologyError] = []
     assert pod_usage(pod, "pod p", 1000, warnings) == PodUsage(Utilization(10, 20), 250, True)
-    pod["metadata"]["annotations"] = {"run.ai/simulated-fb-used": "2000"}  # type: ignore[index]
-    assert pod_usage(pod, "pod p", 1000, warnings).fb_used == 900  # the default, and said
-    assert [str(w) for w in warnings] == [FB + "2000 MiB does not fit the device's 1000 MiB"]
+    pod["metadata"]["annotations"] = {"run.ai/simulated-fb-used": "2000",  # type: ignore[index]
+                                      "run.ai/simulated-gpu-utilization": "5-1"}  # fmt: skip
+    usage = pod_usage(pod, "pod p", 1000, warnings)
+    assert (usage.fb_used, usage.utilization) == (900, DEFAULT_UTILIZATION)  # defaults, and said
+    assert [str(w) for w in warnings] == [
+        UTIL + "need 0 <= min <= max <= 100, got '5-1'",
+        FB + "2000 MiB does not fit the device's 1000 MiB",
+    ]
