@@ -30,6 +30,7 @@ from exporter import dcgm
 from exporter.source import node_of
 from status_updater import reconcile as rc
 from status_updater.state import ClusterState, Unreadable
+from topology import yamltext
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology, dump_yaml, load_document, load_yaml
 
@@ -362,3 +363,18 @@ def test_topology_error_is_one_bounded_line() -> None:
     assert "\n" not in str(e) and "\r" not in str(e) and "\x1b" not in str(e)
     assert str(e).startswith("pod a\\nb: x: got ") and len(str(e)) < 1000
     assert Topology().invalid == {}
+
+
+def test_keys_longer_than_yaml_allows_implicitly_are_written_and_read_back() -> None:
+    # YAML's implicit keys stop at 1024 characters; an unvalidated pod uid or node name may not.
+    name, uid = "n" * 3000, "[" * 5000
+    pod = gpu_pod("p", name, 1, "2026-01-01T00:00:00Z")
+    pod["metadata"]["uid"] = uid
+    state = ClusterState.of([whole_gpu_node(name)], [pod])
+    text = dump_yaml(state.topology())
+    assert load_yaml(text) == state.topology()
+    assert list(load_yaml(text).nodes[name].gpus[0].status.pod_gpu_usage_status) == [uid]  # type: ignore[union-attr]
+    assert yamltext.dump({"k" * 2000: {"v": 1}, "short": 2}) == (
+        f"? {'k' * 2000}\n:\n  v: 1\nshort: 2\n"
+    )
+    assert yaml.safe_load(yamltext.dump({"k" * 2000: {"v": 1}})) == {"k" * 2000: {"v": 1}}

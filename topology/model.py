@@ -222,7 +222,7 @@ def dump_yaml(topology: Topology) -> str:
     for name in sorted(topology.nodes):
         node = topology.nodes[name]
         out += [
-            f"  {q(name)}:",
+            yamltext.key(name, "  "),
             f"    gpu-count: {node.gpu_count}",
             f"    gpu-memory: {node.gpu_memory}",
             f"    gpu-product: {q(node.gpu_product)}",
@@ -267,7 +267,7 @@ def _dump_status(status: DeviceStatus, indent: str, out: list[str]) -> None:
         out.append(f"{indent}  pod-gpu-usage-status:")
         for uid, u in sorted(status.pod_gpu_usage_status.items()):
             out += [
-                f"{indent}    {q(uid)}:",
+                yamltext.key(uid, f"{indent}    "),
                 f"{indent}      utilization:",
                 f"{indent}        min: {u.utilization.min}",
                 f"{indent}        max: {u.utilization.max}",

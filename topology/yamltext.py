@@ -78,6 +78,19 @@ def scalar(value: object) -> str:
     raise TypeError(f"cannot write {type(value).__name__} as YAML")
 
 
+# YAML limits an implicit key (`key: value`) to 1024 characters: a longer one (a name nobody
+# validated) is written as an explicit key, `? key` then `: value`, which has no limit.
+MAX_IMPLICIT_KEY = 1024
+
+
+def key(value: object, indent: str) -> str:
+    """`<indent>key:` (the value, if any, follows after a space), as one or two lines."""
+    text = scalar(value)
+    if len(text) <= MAX_IMPLICIT_KEY - 2:
+        return f"{indent}{text}:"
+    return f"{indent}? {text}\n{indent}:"
+
+
 _SCALARS = frozenset((str, int, bool, type(None)))
 
 
@@ -90,14 +103,17 @@ def _nested(value: object) -> bool:
     return isinstance(value, Mapping | list | tuple) and len(value) > 0
 
 
+_key = key  # _block's loop variable would shadow it
+
+
 def _block(value: Any, indent: str, out: list[str]) -> None:
     if type(value) is dict or isinstance(value, Mapping):
         inner = indent + "  "
-        for key, item in value.items():
+        for k, item in value.items():
             if not _nested(item):
-                out.append(f"{indent}{scalar(key)}: {scalar(item)}")
+                out.append(f"{_key(k, indent)} {scalar(item)}")
                 continue
-            out.append(f"{indent}{scalar(key)}:")
+            out.append(_key(k, indent))
             # A list under a key starts at the key's column, as PyYAML writes it.
             _block(item, indent if type(item) is list or type(item) is tuple else inner, out)
         return
