@@ -227,6 +227,11 @@ def test_a_pod_naming_another_nodes_mig_id_takes_nothing_from_that_node() -> Non
     assert state.results[owner] == before  # not removed, not changed
     mine = state.results["aaa-first-by-name"]
     assert isinstance(mine, NodeTopology)  # the node is fine: only the pod's claim was wrong
+    honest = copy.deepcopy(thief)
+    honest["metadata"]["annotations"]["runai-mig-device"] = json.dumps(
+        {k: v for k, v in device.items() if k != "deviceUUID"}
+    )
+    assert mine == ClusterState.of([other], [honest]).results["aaa-first-by-name"]  # all else kept
     held = [d for g in mine.gpus for d in g.mig_devices or () if d.status]
     assert [(d.position, d.id, d.status.allocated_by.pod) for d in held] == [(4, None, "thief")]  # type: ignore[union-attr]
 

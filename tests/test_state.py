@@ -185,3 +185,73 @@ def test_a_label_change_that_keeps_the_devices_is_still_a_change() -> None:
     state.set_node(node("a", strategy="single"))
     assert state.settle() == {"a"}
     assert state.node_strategy("a") == "single"
+
+
+# --- what mutation testing found unpinned --------------------------------------------------------
+
+
+def test_the_cluster_strategy_is_the_most_common_label() -> None:
+    state = ClusterState.of([node("a"), node("b"), node("c", strategy="single")], [])
+    assert state.strategy() == "mixed"
+    state = ClusterState.of([node("a", strategy="single"), node("b", strategy="single"),
+                             node("c")], [])  # fmt: skip
+    assert state.strategy() == "single"
+    assert ClusterState.of([], []).strategy() == "none"
+    assert ClusterState.of([node("a"), node("b", strategy="single")], []).strategy() == "mixed"
+
+
+def test_unknown_nodes_have_no_strategy_uid_or_warnings() -> None:
+    state = ClusterState.of([node("a")], [])
+    assert (state.node_strategy("nope"), state.node_uid("nope"), state.node_warnings("nope")) == (
+        None, None, []
+    )  # fmt: skip
+    assert (state.node_strategy("a"), state.node_uid("a")) == ("mixed", "uid-a")
+
+
+def test_a_relist_drops_what_it_no_longer_holds() -> None:
+    state = ClusterState.of([node("a"), node("b")], [pod("p1", "a", 0, 0), pod("p2", "a", 0, 4)])
+    state.reset_nodes([node("a")])
+    state.reset_pods([pod("p2", "a", 0, 4)])
+    state.settle()
+    assert set(state.results) == {"a"}
+    result = state.results["a"]
+    assert isinstance(result, NodeTopology)
+    held = [d.position for d in result.gpus[0].mig_devices or () if d.status]
+    assert held == [4]
+
+
+def test_remembered_placements_replace_the_state_own() -> None:
+    from test_reconcile import gpu_pod, whole_gpu_node
+
+    state = ClusterState.of([whole_gpu_node("k80", count=2)],
+                            [gpu_pod("b", "k80", 1, "2026-01-02T00:00:00Z")])  # fmt: skip
+    result = state.results["k80"]
+    assert isinstance(result, NodeTopology) and result.gpus[0].status is not None
+    # Another leader wrote b on GPU 1: taking over, this replica follows what was written.
+    written = ClusterState()
+    written.set_node(whole_gpu_node("k80", count=2))
+    written.set_pod(gpu_pod("a", "k80", 1, "2026-01-01T00:00:00Z"))
+    written.set_pod(gpu_pod("b", "k80", 1, "2026-01-02T00:00:00Z"))
+    written.settle()
+    written.delete_pod("ns/a")
+    written.settle()
+    state.remember(written.topology().nodes)
+    assert state.settle() == {"k80"}
+    assert state.results["k80"] == written.results["k80"]
+
+
+def test_layouts_given_to_of_are_the_ones_static_nodes_use() -> None:
+    from test_static import static_node
+
+    from topology import migparted
+
+    layouts = migparted.parse(
+        "version: v1\nmig-configs:\n  mine:\n  - devices: all\n    mig-enabled: true\n"
+        "    mig-devices: {3g.20gb: 2}\n", "cm"
+    )  # fmt: skip
+    n = static_node("s", "NVIDIA-A100-SXM4-40GB", 1, "mine")
+    result = ClusterState.of([n], [], layouts).results["s"]
+    assert isinstance(result, NodeTopology)
+    assert [d.name for d in result.gpus[0].mig_devices or ()] == ["3g.20gb", "3g.20gb"]
+    builtin = ClusterState.of([n], []).results["s"]  # NVIDIA's layouts have no `mine`
+    assert isinstance(builtin, NodeTopology) and builtin.gpus[0].mig_devices == ()
