@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SAMPLE_TOPOLOGY := samples/mig/topology/a100-40gb-active.yaml
 SAMPLE_NODE := qa-mig-worker-gpu-a100
 
-.PHONY: run-sample test lint venv bench
+.PHONY: run-sample test test-slow lint venv bench soak mutation
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -26,8 +26,26 @@ test: $(VENV)/.installed lint
 	./scripts/install-test-tools
 	$(PY) -m pytest
 
+# The tests marked slow, which `make test` leaves out: many long fault sequences against the
+# updater (tests/test_faults.py), minutes.
+test-slow: $(VENV)/.installed
+	$(PY) -m pytest -m slow
+
 # The scale benchmark at full size (minutes; see BENCHMARKS.md). Not part of `make test`:
 # tests/test_bench.py runs it at a tiny size only.
 bench: $(VENV)/.installed
 	$(PY) bench/scale.py --nodes 5000 --gpus 8 --runs 3 --events 2000 --rate 200 --exporter-nodes 1000
 	$(PY) bench/events.py --nodes 5000
+
+# Both daemons as real processes under 10 minutes of churn against the API emulator: RSS at the
+# start and end, verdict FAIL (exit 1) if it grows (see BENCHMARKS.md). tests/test_soak.py runs it
+# for 18 s only.
+soak: $(VENV)/.installed
+	$(PY) bench/soak.py --minutes 10
+
+# Mutation testing (hours for everything on 2 cores: see tests/README.md for the method and the
+# recorded results). MUTANTS narrows it, e.g. make mutation MUTANTS='status_updater.state*'.
+MUTANTS ?=
+mutation: $(VENV)/.installed
+	$(VENV)/bin/mutmut run $(MUTANTS)
+	$(VENV)/bin/mutmut results

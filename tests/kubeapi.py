@@ -193,6 +193,9 @@ def _field(obj: Obj, path: str) -> str:
 
 
 RECENT_REQUESTS = 8
+# Sent by KubeAPI's own requests (the test's): the `unreachable` and `slow` windows spare them, so
+# a test can change the cluster while the daemons cannot reach the API.
+HARNESS_HEADER = "X-Kubeapi-Harness"
 
 
 @dataclasses.dataclass
@@ -223,7 +226,7 @@ class JournalEntry:
     method: str
     path: str
     params: Mapping[str, str]
-    fault: int | None  # the injected status, if this request was failed on purpose
+    fault: int | None  # the injected status, if this request was failed on purpose (0: dropped)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,6 +290,9 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
     _cuts: int = attrs.field(default=0, init=False)  # bumped to end all open watches
     _abort_cut: bool = attrs.field(default=False, init=False)
     _bookmarks: int = attrs.field(default=0, init=False)  # bumped to send bookmarks
+    _down_until: float = attrs.field(default=0.0, init=False)  # time.monotonic()
+    _slow_until: float = attrs.field(default=0.0, init=False)
+    _slow_delay: float = attrs.field(default=0.0, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -329,6 +335,18 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         self._bookmarks += 1
         self._wake()
 
+    def unreachable(self, seconds: float) -> None:
+        """For `seconds`, drop the connection of every request (as a network partition or an
+        apiserver restart does) and of every open watch. The harness's own requests still pass."""
+        self._down_until = time.monotonic() + seconds
+        self.cut_watches(abort=True)
+
+    def slow(self, seconds: float, delay: float) -> None:
+        """For `seconds`, answer every request `delay` seconds late (watches: their start). The
+        harness's own requests are answered at once."""
+        self._slow_until = time.monotonic() + seconds
+        self._slow_delay = delay
+
     # ---- request handling -------------------------------------------------------------------
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
@@ -338,6 +356,16 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         # every request for the tests.
         if len(self._requests) > 2 * RECENT_REQUESTS:
             del self._requests[:-RECENT_REQUESTS]
+        if request.headers.get(HARNESS_HEADER) is None and time.monotonic() < self._slow_until:
+            await asyncio.sleep(self._slow_delay)
+        if request.headers.get(HARNESS_HEADER) is None and time.monotonic() < self._down_until:
+            dropped = JournalEntry(
+                time.monotonic(), request.method.value, request.url.path, dict(request.params), 0
+            )
+            self.journal.append(dropped)
+            if request._raw_request is not None and request._raw_request.transport is not None:
+                request._raw_request.transport.abort()  # the client sees the connection reset
+            return aiohttp.web.Response(status=503)  # never sent
         fault = next((f for f in self.faults if f.remaining > 0 and f.matches(request)), None)
         self.journal.append(
             JournalEntry(
@@ -783,9 +811,8 @@ class KubeAPI:
     ) -> Any:
         """One HTTP request; errors raise the client's ApiException subclasses (404, 409, ...)."""
         data = None if body is None else json.dumps(body).encode()
-        response = self._http.request(
-            method, self.url + path, body=data, headers={"Content-Type": content_type}
-        )
+        headers = {"Content-Type": content_type, HARNESS_HEADER: "1"}
+        response = self._http.request(method, self.url + path, body=data, headers=headers)
         text = response.data.decode()
         if response.status >= 400:
             raise ApiException.from_response(http_resp=response, body=text, data=None)
@@ -869,6 +896,12 @@ class KubeAPI:
 
     def send_bookmarks(self) -> None:
         self._strict(lambda e: e.send_bookmarks())
+
+    def unreachable(self, seconds: float) -> None:
+        self._strict(lambda e: e.unreachable(seconds))
+
+    def slow(self, seconds: float, delay: float) -> None:
+        self._strict(lambda e: e.slow(seconds, delay))
 
     def journal(self) -> list[JournalEntry]:
         return self._strict(lambda e: list(e.journal))
