@@ -535,6 +535,9 @@ class _Node:
         self.migs = [list(g.mig_devices) if g.mig_devices is not None else None for g in node.gpus]
         self.holders: dict[tuple[int, int], str] = {}
         self.kept: Kept = kept or {}
+        # Every device a pod still holds is its own while placement runs: an older pod that
+        # lost some of its devices (a re-partition) must not take a younger pod's.
+        self.reserved = {(g, d): uid for uid, held in self.kept.items() for g, d, _ in held}
 
     def result(self) -> NodeTopology:
         n = self.node
@@ -592,6 +595,7 @@ class _Node:
                 if dev.status is None
                 and (profile is None or dev.name == profile)
                 and (g, d) not in held
+                and self.reserved.get((g, d), uid) == uid
             ]
             if len(free) < count:
                 raise TopologyError(
@@ -633,7 +637,8 @@ class _Node:
 
     def _free_gpus(self, uid: str) -> list[int]:
         """The free whole GPUs, those the pod held before first."""
-        free = [i for i, g in enumerate(self.gpus) if g.status is None and self.migs[i] is None]
+        free = [i for i, g in enumerate(self.gpus) if g.status is None and self.migs[i] is None
+                and self.reserved.get((i, None), uid) == uid]  # fmt: skip
         mine = {g for g, d, _ in self.kept.get(uid, ()) if d is None}
         return sorted(free, key=lambda i: (i not in mine, i))
 
@@ -771,9 +776,10 @@ def allocate(
 
     A pod that cannot be placed is reported and skipped; the others are placed regardless.
     """
-    kept = held_devices(node, previous)
+    holding = [p for p in pods if holds_gpu(p)]
+    live = {_uid(p) for p in holding}
+    kept = {uid: held for uid, held in held_devices(node, previous).items() if uid in live}
     state = _Node(name, node, single, kept)
-    holding = (p for p in pods if holds_gpu(p))
     # Pods that held devices place first, then new pods, oldest first, in what is left.
     for pod in sorted(holding, key=lambda p: (_uid(p) not in kept, _pod_order(p))):
         try:

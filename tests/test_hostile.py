@@ -383,3 +383,22 @@ def test_keys_longer_than_yaml_allows_implicitly_are_written_and_read_back() -> 
         f"? {'k' * 2000}\n:\n  v: 1\nshort: 2\n"
     )
     assert yaml.safe_load(yamltext.dump({"k" * 2000: {"v": 1}})) == {"k" * 2000: {"v": 1}}
+
+
+def test_an_older_pod_that_lost_devices_takes_none_from_a_younger_one() -> None:
+    state = ClusterState()
+    state.set_node(whole_gpu_node("k80", count=6))
+    for name, day, gpus in (("f1", "01", 1), ("f2", "02", 2), ("a", "03", 2)):
+        state.set_pod(gpu_pod(name, "k80", gpus, f"2026-01-{day}T00:00:00Z"))
+    state.settle()
+    state.delete_pod("ns/f1")
+    state.set_pod(gpu_pod("b", "k80", 1, "2026-01-04T00:00:00Z"))
+    state.settle()
+    state.delete_pod("ns/f2")
+    state.settle()
+    assert holders(state, "k80") == {"a": [(3, None), (4, None)], "b": [(0, None)]}
+    # The node shrinks to 4 GPUs: a keeps GPU 3 and needs one more. It takes a free one, never
+    # b's (b stays on GPU 0).
+    state.set_node(whole_gpu_node("k80", count=4))
+    state.settle()
+    assert holders(state, "k80") == {"a": [(1, None), (3, None)], "b": [(0, None)]}
