@@ -23,12 +23,12 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from kube.api import REQUEST_TIMEOUT, Obj, list_watch, usable_version
+from kube.api import REQUEST_TIMEOUT, Obj, list_all, list_watch, usable_version
 from status_updater import reconcile as rc
 from status_updater.state import ClusterState, Unreadable
 from topology import configmap as contract
 from topology.errors import TopologyError
-from topology.model import NodeTopology, dump_yaml, load_yaml
+from topology.model import NodeTopology, dump_yaml
 
 log = logging.getLogger(__name__)
 CONFIGMAP_LIMIT = 1024 * 1024  # bytes of data a ConfigMap may hold
@@ -103,17 +103,17 @@ class PerNodeWriter:
             self._events.put((kind, cm))
             wake()
 
-        def list_call(**kw: Any) -> Any:
-            return self.core.list_namespaced_config_map(self.namespace, **kw)
-
         watch = threading.Thread(
             target=list_watch,
-            args=("configmaps", list_call, on_reset, on_event, stop),
+            args=("configmaps", self._list, on_reset, on_event, stop),
             kwargs={"label_selector": contract.MANAGED_SELECTOR},
             name="configmaps",
             daemon=True,
         )
         return [watch]
+
+    def _list(self, **kw: Any) -> Any:
+        return self.core.list_namespaced_config_map(self.namespace, **kw)
 
     def _drain(self) -> None:
         while True:
@@ -147,30 +147,19 @@ class PerNodeWriter:
         pass  # the watch keeps `actual` true whoever writes
 
     def remembered(self) -> Mapping[str, NodeTopology]:
-        """Every managed ConfigMap's node entry, read page by page (the watch keeps digests
+        """Every managed ConfigMap's node entry, listed page by page (the watch keeps digests
         only: the texts are needed once, at start and on taking over)."""
-        found: dict[str, NodeTopology] = {}
-        token = None
-        while True:
-            page = self.core.list_namespaced_config_map(
-                self.namespace,
-                label_selector=contract.MANAGED_SELECTOR,
-                limit=500,
-                _continue=token,
-                _request_timeout=REQUEST_TIMEOUT,
-            )
-            for cm in page.items:
-                labels = (cm.metadata.labels if cm.metadata else None) or {}
-                text = (cm.data or {}).get(contract.DATA_KEY)
-                if not contract.is_managed(labels) or not isinstance(text, str):
-                    continue
-                try:
-                    found.update(load_yaml(text, "ConfigMap").nodes)
-                except TopologyError:
-                    continue  # it is rewritten from the cluster; nothing of it to keep
-            token = page.metadata._continue if page.metadata else None
-            if not token:
-                return found
+
+        def entries(cm: Obj) -> Mapping[str, NodeTopology]:
+            if not contract.is_managed((cm.get("metadata") or {}).get("labels")):
+                return {}
+            try:
+                return contract.configmap_topology(cm, "ConfigMap").nodes
+            except TopologyError:
+                return {}  # it is rewritten from the cluster; nothing of it to keep
+
+        pages, _ = list_all(self._list, {"label_selector": contract.MANAGED_SELECTOR}, entries)
+        return {name: node for found in pages for name, node in found.items()}
 
     # --- writing ---------------------------------------------------------------------------------
 

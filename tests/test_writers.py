@@ -207,13 +207,10 @@ def test_per_node_remembers_what_its_configmaps_hold() -> None:
     assert writer.remembered() == dict(state.topology().nodes)
 
 
-def _page(core: FakeCore, kw: dict[str, Any]) -> Any:
-    from kubernetes.client import V1ConfigMapList, V1ListMeta
-
-    selector = dict(s.split("=") for s in kw["label_selector"].split(","))
-    items = [core._answer(n, True) for n, cm in core.cms.items()
-             if selector.items() <= cm["metadata"]["labels"].items()]  # fmt: skip
-    return V1ConfigMapList(items=items, metadata=V1ListMeta(_continue=None))
+def _page(core: FakeCore, kw: dict[str, Any]) -> Response:
+    # Like plain kmock, it ignores the label selector: the writer must pick its own.
+    assert kw["label_selector"] == contract.MANAGED_SELECTOR
+    return Response(json.dumps({"items": list(core.cms.values()), "metadata": {}}).encode())
 
 
 # --- the Lease -----------------------------------------------------------------------------------
