@@ -168,9 +168,8 @@ class NodesExporter:
                 for name in dirty
             }
             problems = sorted(self._problems.values())
-            ready = (
-                _START not in self._problems
-            )  # a source was read: its nodes (maybe none) are true
+            # A source was read: its nodes (maybe none) are true.
+            ready = _START not in self._problems
         for name, node in todo.items():
             gone = self._gpus.pop(name, set())
             if node is None:

@@ -103,17 +103,14 @@ def _nested(value: object) -> bool:
     return isinstance(value, Mapping | list | tuple) and len(value) > 0
 
 
-_key = key  # _block's loop variable would shadow it
-
-
 def _block(value: Any, indent: str, out: list[str]) -> None:
     if type(value) is dict or isinstance(value, Mapping):
         inner = indent + "  "
         for k, item in value.items():
             if not _nested(item):
-                out.append(f"{_key(k, indent)} {scalar(item)}")
+                out.append(f"{key(k, indent)} {scalar(item)}")
                 continue
-            out.append(_key(k, indent))
+            out.append(key(k, indent))
             # A list under a key starts at the key's column, as PyYAML writes it.
             _block(item, indent if type(item) is list or type(item) is tuple else inner, out)
         return
