@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from exporter import dcgm
 from exporter.server import Published, Snapshot
-from exporter.service import WATCHDOG_S, stopped
+from exporter.service import wait_for_work
 from exporter.source import node_of
 from kube.selfmetrics import InvalidObjects, kind_of
 from topology.errors import TopologyError
@@ -194,8 +194,7 @@ class NodesExporter:
     def run(self, stop: threading.Event, sources: Sequence[threading.Thread] = ()) -> None:
         while not stop.is_set():
             self.wake.clear()
-            gone = stopped(sources, stop)
+            self.published.publish(self.render())
+            gone = wait_for_work(self.wake, dcgm.until_next_step(self.clock()), sources, stop)
             if gone:
                 self.problem(gone, key="sources")
-            self.published.publish(self.render())
-            self.wake.wait(min(dcgm.until_next_step(self.clock()), WATCHDOG_S))

@@ -96,23 +96,33 @@ class Exporter:
         """Render on every change, and each utilization step since simulated values move in time."""
         while not stop.is_set():
             self.wake.clear()
-            gone = stopped(sources, stop)
+            self.published.publish(self.snapshot())
+            gone = wait_for_work(self.wake, dcgm.until_next_step(self.clock()), sources, stop)
             if gone:
                 self._set_problem(gone)
-            self.published.publish(self.snapshot())
-            self.wake.wait(min(dcgm.until_next_step(self.clock()), WATCHDOG_S))
 
 
-WATCHDOG_S = 1.0  # how often the render loop checks that its sources still run
+WATCHDOG_S = 1.0  # how often a sleeping render loop checks that its sources still run
 
 
-def stopped(sources: Sequence[threading.Thread], stop: threading.Event) -> str | None:
-    """Why the series are stale when a source thread has ended (a bug): nothing would update them
-    again, so `/health` must say so rather than answer 200 on a frozen topology."""
-    dead = [t.name for t in sources if not t.is_alive()]
-    if not dead or stop.is_set():
-        return None
-    return f"the topology source {', '.join(dead)} stopped; serving the last good topology"
+def wait_for_work(
+    wake: threading.Event,
+    seconds: float,
+    sources: Sequence[threading.Thread],
+    stop: threading.Event,
+) -> str | None:
+    """Sleep until woken (a change) or for `seconds` (the next step), looking every second at the
+    source threads: one that ended (a bug) would never update the series again, so `/health` must
+    say so rather than answer 200 on a frozen topology. Returns that reason, or None."""
+    deadline = time.monotonic() + seconds
+    while not stop.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0 or wake.wait(min(left, WATCHDOG_S)):
+            return None
+        dead = [t.name for t in sources if not t.is_alive()]
+        if dead and not stop.is_set():  # (a second at least between two reports: no spinning)
+            return f"the topology source {', '.join(dead)} stopped; serving the last good topology"
+    return None
 
 
 # `render --layout per-node` for 5,000 busy 8-GPU nodes is about 70 MiB: room for that, and a

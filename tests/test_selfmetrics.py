@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -180,3 +181,28 @@ def test_metrics_fail_until_the_first_topology_then_serve_it() -> None:
         assert status == 200 and by_name(parse(text), "DCGM_FI_DEV_FB_USED")
     finally:
         server.stop()
+
+
+def test_a_quiet_exporter_renders_once_per_change_not_per_watchdog_look() -> None:
+    published = Published()
+    publishes: list[bool] = []
+    publish = published.publish
+    published.publish = lambda s: (publishes.append(s.healthy), publish(s))  # type: ignore[method-assign,func-returns-value]
+    exporter = Exporter(NODE, dcgm.Options("h"), published, clock=lambda: 1.0)  # mid-step
+    exporter.update(MIG, "cm")
+    alive = threading.Event()
+    source = threading.Thread(target=alive.wait, daemon=True)
+    source.start()
+    stop = threading.Event()
+    loop = threading.Thread(target=exporter.run, args=(stop, [source]), daemon=True)
+    loop.start()
+    try:
+        time.sleep(2.5)  # two looks at the source, no change, same step
+        assert publishes == [True]
+        exporter.update(MIG, "cm")  # a change: rendered again at once
+        eventually(lambda: len(publishes) == 2, timeout=1)
+    finally:
+        alive.set()
+        stop.set()
+        exporter.wake.set()
+        loop.join(3)
