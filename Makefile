@@ -47,5 +47,5 @@ soak: $(VENV)/.installed
 # recorded results). MUTANTS narrows it, e.g. make mutation MUTANTS='status_updater.state*'.
 MUTANTS ?=
 mutation: $(VENV)/.installed
-	$(VENV)/bin/mutmut run $(MUTANTS)
+	HYPOTHESIS_PROFILE=mutation $(VENV)/bin/mutmut run $(MUTANTS)
 	$(VENV)/bin/mutmut results

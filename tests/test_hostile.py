@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import SAMPLES
+from conftest import SAMPLES, examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from promtext import parse
@@ -143,7 +143,7 @@ def exposition_problems(node: NodeTopology) -> list[str]:
     return problems
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(NAMES), st.randoms(use_true_random=False))
 def test_one_hostile_node_and_its_pods_harm_only_that_node(victim: str, rnd: random.Random) -> None:
     nodes = [mutate(n, rnd) if n["metadata"]["name"] == victim else n for n in NODES]

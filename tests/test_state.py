@@ -8,6 +8,7 @@ import copy
 import json
 from typing import Any
 
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -76,7 +77,7 @@ def build_node(name: str, kind: str) -> dict[str, Any]:
     return node(name, strategy="single" if kind == "single" else "mixed")
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(events, max_size=25), st.integers(0, 5))
 def test_any_order_of_events_ends_where_a_fresh_reconcile_ends(
     history: list[tuple[str, str, Any]], settle_every: int

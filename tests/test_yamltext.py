@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import yaml
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +24,7 @@ trees = st.recursive(
 )
 
 
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 @given(trees)
 def test_pyyaml_reads_back_what_was_written(tree: object) -> None:
     assert yaml.safe_load(yamltext.dump(tree)) == tree
