@@ -12,8 +12,10 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
-from exporter import dcgm
+from exporter import dcgm, nvml
+from exporter.collector import DEFAULT_INTERVAL_MS, NvmlExporter
 from exporter.fields import CountersError, read_counters
 from exporter.many import NodesExporter
 from exporter.server import MetricsServer, Published
@@ -23,15 +25,38 @@ from exporter.webconfig import WebConfigError, load
 from kube.api import add_layout_argument, port, topology_name, topology_namespace
 from topology.configmap import node_configmap_name
 from topology.errors import TopologyError
+from topology.model import NodeTopology
 
-EXIT_OK, EXIT_USAGE = 0, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 log = logging.getLogger("exporter")
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m exporter",
-        description="Serve the DCGM metrics of one node of the MIG topology.",
+        description="Serve the DCGM metrics of one node of the MIG topology, or of this machine's GPUs through NVML.",
+    )
+    p.add_argument(
+        "--source",
+        choices=("topology", "nvml"),
+        default="topology",
+        help="where the GPUs are read from: the topology (simulated values, the default), or "
+        "NVML on this machine's real GPUs",
+    )
+    p.add_argument(
+        "-c",
+        "--collect-interval",
+        type=milliseconds,
+        metavar="MS",
+        default=os.environ.get("DCGM_EXPORTER_INTERVAL") or DEFAULT_INTERVAL_MS,
+        help="with --source nvml: milliseconds between NVML collections, as dcgm-exporter's "
+        "(env DCGM_EXPORTER_INTERVAL, default %(default)s)",
+    )
+    p.add_argument(
+        "--watch-topology",
+        action="store_true",
+        help="with --source nvml: name the pods holding the GPUs from the node's topology "
+        "ConfigMap (see --layout); --topology-file does the same from a file",
     )
     p.add_argument(
         "--topology-file",
@@ -102,6 +127,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def milliseconds(text: str) -> int:
+    """An interval in milliseconds: a whole number from 100 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of ms") from None
+    if value < 100:
+        raise argparse.ArgumentTypeError(f"{value} ms is too short: at least 100")
+    return value
+
+
 def _once(args: argparse.Namespace, options: dcgm.Options) -> int:
     path: Path = args.topology_file
     obj = f"topology file {path}"
@@ -122,17 +158,55 @@ def _once(args: argparse.Namespace, options: dcgm.Options) -> int:
     return EXIT_OK
 
 
+def _attribution(args: argparse.Namespace) -> NodeTopology | None:
+    """--source nvml --once: the node whose pods name the GPUs, from --topology-file if given."""
+    if args.topology_file is None:
+        return None
+    obj = f"topology file {args.topology_file}"
+    topology = read_topology_file(args.topology_file)
+    node = node_of(topology, args.node_name, obj)
+    if node is None:
+        raise missing_node(topology, args.node_name, obj)
+    return node
+
+
+def _nvml_once(args: argparse.Namespace, options: dcgm.Options) -> int:
+    node = _attribution(args)
+    nv = nvml.open_nvml()
+    try:
+        sample = nvml.collect(nv)
+    except nvml.CollectionFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        _shutdown(nv)
+    sys.stdout.buffer.write(nvml.render(sample, options, node))
+    return EXIT_OK
+
+
+def _shutdown(nv: ModuleType) -> None:
+    try:
+        nv.nvmlShutdown()
+    except nv.NVMLError as e:  # nothing left to do about it
+        log.debug("nvmlShutdown: %s", e)
+
+
 def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
     # First: a web config that cannot be used must stop the exporter before it serves anything,
     # not leave it serving in the clear.
     web = load(args.web_config_file) if args.web_config_file is not None else None
     stop = threading.Event()
     published = Published()
-    exporter: Exporter | NodesExporter = (
-        NodesExporter(options, published)
-        if args.all_nodes
-        else Exporter(args.node_name, options, published)
-    )
+    exporter: Exporter | NodesExporter | NvmlExporter
+    nv: ModuleType | None = None
+    if args.source == "nvml":
+        nv = nvml.open_nvml()  # no NVML, no GPU: said before anything listens
+        interval_s = args.collect_interval / 1000
+        exporter = NvmlExporter(nv, options, published, interval_s, args.node_name)
+    elif args.all_nodes:
+        exporter = NodesExporter(options, published)
+    else:
+        exporter = Exporter(args.node_name, options, published)
 
     def shutdown(*_: object) -> None:
         stop.set()
@@ -140,6 +214,7 @@ def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, shutdown)
+    sources: list[threading.Thread] = []
     if args.topology_file is not None:
         # A first read that fails is unusable input; later failures keep the last good state.
         exporter.update(
@@ -148,7 +223,7 @@ def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
         sources = [threading.Thread(
             target=follow_file, args=(args.topology_file, exporter, stop), daemon=True
         )]  # fmt: skip
-    else:
+    elif args.source == "topology" or args.watch_topology:
         from kube.api import ConfigError, api_client
 
         try:
@@ -165,11 +240,19 @@ def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
     server.start()
     for source in sources:
         source.start()
-    what = "every node" if args.all_nodes else f"node {args.node_name}"
+    what = (
+        "this machine's GPUs through NVML"
+        if nv is not None
+        else "every node"
+        if args.all_nodes
+        else f"node {args.node_name}"
+    )
     scheme = "https" if server.tls else "http"
     log.info("serving %s on %s://%s:%d/metrics", what, scheme, args.address, server.port)
     exporter.run(stop, sources)
     server.stop()
+    if nv is not None:
+        _shutdown(nv)
     return EXIT_OK
 
 
@@ -203,10 +286,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p = parser()
     args = p.parse_args(argv)
-    if not args.node_name and not args.all_nodes:
+    nvml_source = args.source == "nvml"
+    if nvml_source and args.all_nodes:
+        p.error("--source nvml reads this machine's GPUs: not with --all-nodes")
+    if nvml_source and args.watch_topology and args.topology_file is not None:
+        p.error("--watch-topology and --topology-file: one topology, not both")
+    if not nvml_source and args.watch_topology:
+        p.error("--watch-topology goes with --source nvml (the topology source watches anyway)")
+    attributed = args.topology_file is not None or args.watch_topology
+    if not args.node_name and not args.all_nodes and (attributed or not nvml_source):
         p.error("--node-name (or env NODE_NAME) is required, or --all-nodes")
-    if args.once and args.topology_file is None:
+    if args.once and args.topology_file is None and not nvml_source:
         p.error("--once needs --topology-file")
+    if args.once and args.watch_topology:
+        p.error("--once reads a --topology-file, it does not watch")
     if args.node_selector and not args.all_nodes:
         p.error("--node-selector goes with --all-nodes")
     if args.node_selector and args.topology_file is not None:
@@ -224,9 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         if args.once:
-            return _once(args, options)
+            return _nvml_once(args, options) if nvml_source else _once(args, options)
         return serve(args, options)
-    except (TopologyError, WebConfigError) as e:
+    except (TopologyError, WebConfigError, nvml.NvmlUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

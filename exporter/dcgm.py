@@ -41,8 +41,10 @@ DEFAULT_DRIVER_VERSION = "520.56.06"
 UTILIZATION_STEP_S = readings.STEP_S
 # Readings that do not move with the clock: a node serving only these renders once per change.
 _STILL = frozenset(
-    {"zero", "mem_clock", "power_limit", "fb_used", "fb_free", "fb_reserved", "fb_total"}
-)
+    {"zero", "mem_clock", "power_limit", "fb_used", "fb_free", "fb_reserved", "fb_total",
+     "pcie_replay", "enc_util", "dec_util", "remapped_uncorrectable", "remapped_correctable",
+     "remap_failure"}
+)  # fmt: skip
 
 
 def until_next_step(now: float) -> float:
@@ -120,7 +122,7 @@ def _label_fields(options: Options, gpu: Gpu) -> Labels:
     return tuple((name, _label_value(name, options, gpu)) for name in options.counters.labels)
 
 
-def _holder(status: DeviceStatus | None) -> Labels:
+def holder(status: DeviceStatus | None) -> Labels:
     """container, namespace, pod of the pod holding a device (empty when free)."""
     a = status.allocated_by if status else None
     values = (a.container, a.namespace, a.pod) if a else ("", "", "")
@@ -148,13 +150,13 @@ def entities(node: NodeTopology, options: Options, now: float) -> list[tuple[str
             gpu, model, node.gpu_memory, now, (options.energy, options.hostname), instances
         )
         if not mig:
-            out.append((GPU, base + host + extra + _holder(gpu.status), reading))
+            out.append((GPU, base + host + extra + holder(gpu.status), reading))
         elif not instances:
-            out.append((EMPTY, base + host + extra + _holder(None), reading))
+            out.append((EMPTY, base + host + extra + holder(None), reading))
         for dev, r in zip(instances, per_instance, strict=True):
             mig_labels = (("GPU_I_PROFILE", dev.name), ("GPU_I_ID", str(dev.gpu_instance_id)))
-            holder = _holder(dev.status if name_holders else None)
-            out.append((MIG, base + mig_labels + host + extra + holder, r))
+            pod = holder(dev.status if name_holders else None)
+            out.append((MIG, base + mig_labels + host + extra + pod, r))
     return out
 
 
@@ -166,8 +168,9 @@ def families(node: NodeTopology, options: Options, now: float) -> list[Family]:
         f = counter.field
         fam = Family(counter)
         for kind, labels, reading in subjects:
-            if kind in f.where:
-                fam.samples.append((labels, getattr(reading, f.reading)))
+            value = getattr(reading, f.reading)
+            if kind in f.where and value is not None:
+                fam.samples.append((labels, value))
         if fam.samples:
             out.append(fam)
     return out
@@ -203,17 +206,25 @@ def value_text(value: float, decimal: bool) -> str:
 
 def fragments(node: NodeTopology, options: Options, now: float) -> dict[str, bytes]:
     """The series lines of one node, per family: what `join` puts together."""
-    subjects = [
+    return subject_fragments(entities(node, options, now), options.counters)
+
+
+def subject_fragments(
+    subjects: Iterable[tuple[str, Labels, Reading]], counters: Counters
+) -> dict[str, bytes]:
+    """The series lines of `entities`' subjects (simulated or read), per family: a value the
+    source does not have (None) has no line."""
+    texts = [
         (kind, ",".join(f'{k}="{_escape(v)}"' for k, v in labels), reading)
-        for kind, labels, reading in entities(node, options, now)
+        for kind, labels, reading in subjects
     ]
     out: dict[str, bytes] = {}
-    for counter in options.counters.metrics:
+    for counter in counters.metrics:
         f = counter.field
         lines = [
-            f"{f.name}{{{text}}} {value_text(getattr(reading, f.reading), f.decimal)}\n"
-            for kind, text, reading in subjects
-            if kind in f.where
+            f"{f.name}{{{text}}} {value_text(value, f.decimal)}\n"
+            for kind, text, reading in texts
+            if kind in f.where and (value := getattr(reading, f.reading)) is not None
         ]
         if lines:
             out[f.name] = "".join(lines).encode()

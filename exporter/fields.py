@@ -57,11 +57,11 @@ FIELDS = _fields(
     Field("DCGM_FI_DEV_POWER_USAGE", "power", _EVERYWHERE, decimal=True),
     Field("DCGM_FI_DEV_POWER_MGMT_LIMIT", "power_limit", _EVERYWHERE, decimal=True),
     Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy", _EVERYWHERE),
-    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "zero", _EVERYWHERE),
+    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_replay", _EVERYWHERE),
     Field("DCGM_FI_DEV_GPU_UTIL", "gpu_util", _WHOLE),
     Field("DCGM_FI_DEV_MEM_COPY_UTIL", "mem_copy_util", _WHOLE),
-    Field("DCGM_FI_DEV_ENC_UTIL", "zero", _WHOLE),
-    Field("DCGM_FI_DEV_DEC_UTIL", "zero", _WHOLE),
+    Field("DCGM_FI_DEV_ENC_UTIL", "enc_util", _WHOLE),
+    Field("DCGM_FI_DEV_DEC_UTIL", "dec_util", _WHOLE),
     Field("DCGM_FI_DEV_XID_ERRORS", "zero", _EVERYWHERE),
     *(
         Field(f"DCGM_FI_DEV_{v}_VIOLATION", "zero", _EVERYWHERE)
@@ -82,9 +82,9 @@ FIELDS = _fields(
         for e in ("CRC_FLIT", "CRC_DATA", "REPLAY", "RECOVERY")
     ),
     Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "zero", _EVERYWHERE),
-    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "zero", _WHOLE),
-    Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "zero", _WHOLE),
-    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "zero", _WHOLE),
+    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "remapped_uncorrectable", _WHOLE),
+    Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "remapped_correctable", _WHOLE),
+    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "remap_failure", _WHOLE),
     Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "activity", _EVERYWHERE, decimal=True),
     Field("DCGM_FI_PROF_SM_ACTIVE", "sm_active", _EVERYWHERE, decimal=True),
     Field("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy", _EVERYWHERE, decimal=True),

@@ -46,32 +46,43 @@ BOOT_EPOCH_S, BOOT_SPREAD_S = 1_735_689_600, 30 * 86_400
 
 @dataclass(frozen=True, slots=True)
 class Reading:
-    """One series subject's values: a whole GPU, a MIG instance, or a MIG GPU without instances."""
+    """One series subject's values: a whole GPU, a MIG instance, or a MIG GPU without instances.
 
-    sm_clock: int
-    mem_clock: int
-    gpu_temp: int
-    memory_temp: int
-    power: float
-    power_limit: float
-    energy: int
-    gpu_util: int
-    mem_copy_util: int
-    activity: float
-    sm_active: float
-    sm_occupancy: float
-    tensor: float
-    fp64: float
-    fp32: float
-    fp16: float
-    dram: float
-    fb_used: int
-    fb_free: int
-    fb_reserved: int
-    fb_total: int
-    pcie_tx: int
-    pcie_rx: int
-    zero: int = 0
+    None is a value the source does not have (NVML has no profiling fields): its series is left
+    out, as dcgm-exporter leaves out a field DCGM cannot read. The simulation has every value.
+    """
+
+    sm_clock: int | None
+    mem_clock: int | None
+    gpu_temp: int | None
+    memory_temp: int | None
+    power: float | None
+    power_limit: float | None
+    energy: int | None
+    gpu_util: int | None
+    mem_copy_util: int | None
+    activity: float | None
+    sm_active: float | None
+    sm_occupancy: float | None
+    tensor: float | None
+    fp64: float | None
+    fp32: float | None
+    fp16: float | None
+    dram: float | None
+    fb_used: int | None
+    fb_free: int | None
+    fb_reserved: int | None
+    fb_total: int | None
+    pcie_tx: int | None
+    pcie_rx: int | None
+    # Counters and states a healthy simulated GPU reads 0 for; NVML reads them on a real one.
+    pcie_replay: int | None = 0
+    enc_util: int | None = 0
+    dec_util: int | None = 0
+    remapped_uncorrectable: int | None = 0
+    remapped_correctable: int | None = 0
+    remap_failure: int | None = 0
+    zero: int | None = 0  # fields only DCGM itself reads (XID, violations, NVLink, ECC): 0 here
 
 
 def step_of(now: float) -> int:

@@ -1,0 +1,430 @@
+"""`--source nvml`: real GPUs read through pynvml, here over the fake NVML of tests/fakenvml.py.
+
+The fake replaces only pynvml's functions, so the exporter's own NVML code runs as on a GPU. Each
+fake GPU is built from the MIG catalog; expected values come from the fake's raw NVML answers
+(bytes, mW), never from the exporter's output.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pynvml
+import pytest
+from conftest import ROOT, run_cli
+from fakenvml import (
+    FUNCTIONS,
+    MIB,
+    SAMPLE_TOPOLOGY,
+    FakeNvml,
+    a100_sample,
+    from_topology,
+    h100_mixed,
+    without_mig,
+)
+from promtext import by_name, parse
+from test_reconcile import gpu_pod, whole_gpu_node
+
+from exporter import dcgm, nvml
+from exporter.cli import parser
+from exporter.collector import NvmlExporter
+from exporter.fields import parse_counters
+from exporter.server import MetricsServer, Published
+from status_updater.state import reconcile
+from topology.catalog import model_for_product
+from topology.configmap import parse_document
+
+FAKENVML = Path(__file__).with_name("fakenvml.py")
+SAMPLE_NODE = "qa-mig-worker-gpu-a100"
+# Fields only DCGM reads (its profiling module, XID events, NVLink counters): NVML has none.
+DCGM_ONLY = {
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+}
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    f = FakeNvml([h100_mixed(0), without_mig(1)])
+    f.install(monkeypatch.setattr)
+    f.nvmlInit()
+    return f
+
+
+def read(fake: FakeNvml, options: dcgm.Options | None = None) -> list:  # type: ignore[type-arg]
+    return parse(nvml.render(nvml.collect(pynvml), options or dcgm.Options("h")).decode())
+
+
+def test_the_exporter_calls_exactly_the_functions_the_fake_implements() -> None:
+    source = "".join(p.read_text() for p in (ROOT / "exporter").glob("*.py"))
+    called = set(re.findall(r'"(nvml[A-Z]\w+)"', source)) | set(
+        re.findall(r"\bnv\.(nvml[A-Z]\w+)\(", source)
+    )
+    assert called == set(FUNCTIONS)
+
+
+def test_the_sample_a100_reads_as_the_simulated_path_serves_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeNvml(a100_sample())
+    fake.install(monkeypatch.setattr)
+    fake.nvmlInit()
+    options = dcgm.Options("h", driver_version=fake.driver)
+    node = parse_document(SAMPLE_TOPOLOGY.read_text(), "sample").nodes[SAMPLE_NODE]
+    simulated = parse(dcgm.render(node, options, time.time()).decode())
+    real = read(fake, options)
+    # The same families in the same order, less the fields only DCGM has.
+    names = list(dict.fromkeys(s.name for s in simulated))
+    assert list(dict.fromkeys(s.name for s in real)) == [n for n in names if n not in DCGM_ONLY]
+    # Each family: the same series, label names, label values and order.
+    for name in dict.fromkeys(s.name for s in real):
+        assert [s.labels for s in by_name(real, name)] == [
+            s.labels for s in by_name(simulated, name)
+        ]
+    # Memory is NVML's bytes, floored to MiB as DCGM floors them: used and free separately.
+    gpu = fake.gpus[0]
+    by_id = {str(m.gpu_instance_id): m for m in gpu.instances}
+    for s in by_name(real, "DCGM_FI_DEV_FB_USED"):
+        assert s.value == by_id[s.label("GPU_I_ID")].used_bytes // MIB
+    for s in by_name(real, "DCGM_FI_DEV_FB_FREE"):
+        m = by_id[s.label("GPU_I_ID")]
+        assert s.value == (m.total_bytes - m.used_bytes) // MIB
+    assert not by_name(real, "DCGM_FI_DEV_GPU_UTIL")  # no utilization in MIG mode
+
+
+def test_mixed_h100_profiles_and_a_gpu_without_mig(fake: FakeNvml) -> None:
+    series = read(fake)
+    h100, l4 = fake.gpus
+    model = model_for_product("NVIDIA-H100-80GB-HBM3")
+    assert model is not None
+    # One series per instance, smaller instances first as dcgm-exporter lists them, each with
+    # the GI id the driver gives its placement.
+    mig = [s for s in by_name(series, "DCGM_FI_DEV_FB_USED") if s.label("gpu") == "0"]
+    expected = sorted(h100.instances, key=lambda m: (m.profile.memory_slices, m.start))
+    assert [(s.label("GPU_I_PROFILE"), s.label("GPU_I_ID")) for s in mig] == [
+        (m.profile.name, str(model.gpu_instance_id(m.profile, m.start))) for m in expected
+    ]
+    assert {s.label("modelName") for s in mig} == {"NVIDIA H100 80GB HBM3"}
+    assert {s.label("UUID") for s in mig} == {h100.uuid}  # the GPU's, as DCGM labels instances
+    # GPU-level values on each instance's series, in DCGM's units and print format.
+    for s in by_name(series, "DCGM_FI_DEV_POWER_USAGE"):
+        gpu = fake.gpus[int(s.label("gpu"))]
+        assert s.value == gpu.power_mw / 1000
+    text = nvml.render(nvml.collect(pynvml), dcgm.Options("h")).decode()
+    assert f"}} {h100.power_mw / 1000:.6f}\n" in text
+    assert f"}} {h100.energy_mj}\n" in text
+    # The GPU without MIG: one series per field, with utilization, encoder and decoder.
+    whole = [s for s in series if s.label("gpu") == "1"]
+    assert all("GPU_I_ID" not in s.label_names for s in whole)
+    values = {s.name: s.value for s in whole}
+    assert values["DCGM_FI_DEV_GPU_UTIL"] == l4.util[0]
+    assert values["DCGM_FI_DEV_MEM_COPY_UTIL"] == l4.util[1]
+    assert values["DCGM_FI_DEV_ENC_UTIL"] == l4.enc_dec[0]
+    assert values["DCGM_FI_DEV_DEC_UTIL"] == l4.enc_dec[1]
+    assert {s.label("device") for s in whole} == {f"nvidia{l4.minor}"}  # the minor, not the index
+    assert values["DCGM_FI_DEV_FB_USED"] == l4.used_bytes // MIB
+    free = (l4.memory_mib - l4.reserved_mib) * MIB - l4.used_bytes
+    assert values["DCGM_FI_DEV_FB_FREE"] == free // MIB
+    assert values["DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"] == l4.remapped[0]
+    # GDDR has no memory temperature sensor: that series is left out, not zero.
+    assert "DCGM_FI_DEV_MEMORY_TEMP" not in values
+    assert [s.label("gpu") for s in by_name(series, "DCGM_FI_DEV_MEMORY_TEMP")] == ["0"] * 3
+    assert not [s for s in by_name(series, "DCGM_FI_DEV_GPU_UTIL") if s.label("gpu") == "0"]
+
+
+def test_a_counters_file_selects_the_fields_and_nvml_fills_the_label_fields(
+    fake: FakeNvml,
+) -> None:
+    counters, warnings = parse_counters(
+        "DCGM_FI_DEV_FB_TOTAL, gauge, total\nDCGM_FI_DEV_GPU_TEMP, gauge, temp\n"
+        "DCGM_FI_DEV_SERIAL, label, s\nDCGM_FI_NVML_VERSION, label, n\n"
+        "DCGM_FI_DEV_BRAND, label, b\n",
+        "test",
+    )
+    assert not warnings
+    series = read(fake, dcgm.Options("h", counters=counters))
+    assert list(dict.fromkeys(s.name for s in series)) == [
+        "DCGM_FI_DEV_FB_TOTAL",
+        "DCGM_FI_DEV_GPU_TEMP",
+    ]
+    first = series[0]
+    assert first.label_names[-7:] == ("Hostname", "DCGM_FI_DEV_SERIAL", "DCGM_FI_NVML_VERSION",
+                                      "DCGM_FI_DEV_BRAND", "container", "namespace", "pod")  # fmt: skip
+    labels = dict(first.labels)
+    assert labels["DCGM_FI_DEV_SERIAL"] == fake.gpus[int(labels["gpu"])].serial
+    assert labels["DCGM_FI_NVML_VERSION"] == f"12.{fake.driver}"
+    assert labels["DCGM_FI_DEV_BRAND"] == "NVIDIA"
+    h100_total = {s.label("GPU_I_PROFILE"): s.value for s in series
+                  if s.name == "DCGM_FI_DEV_FB_TOTAL" and s.label("gpu") == "0"}  # fmt: skip
+    assert h100_total == {m.profile.name: m.profile.memory_mib for m in fake.gpus[0].instances}
+
+
+def test_a_driver_without_memory_v2_has_no_reserved_part(fake: FakeNvml) -> None:
+    counters, _ = parse_counters(
+        "DCGM_FI_DEV_FB_USED, gauge, u\nDCGM_FI_DEV_FB_RESERVED, gauge, r\n", "test"
+    )
+    options = dcgm.Options("h", counters=counters)
+    l4 = fake.gpus[1]
+    reserved = {
+        s.label("gpu"): s.value for s in by_name(read(fake, options), "DCGM_FI_DEV_FB_RESERVED")
+    }
+    assert reserved == {"1": l4.reserved_mib}  # MIG instances: no reserved part of their own
+    fake.memory_v2 = False
+    series = read(fake, options)
+    assert not by_name(series, "DCGM_FI_DEV_FB_RESERVED")
+    used = [s.value for s in by_name(series, "DCGM_FI_DEV_FB_USED") if s.label("gpu") == "1"]
+    assert used == [(l4.used_bytes + l4.reserved_mib * MIB) // MIB]
+
+
+@pytest.mark.parametrize(
+    ("name", "profile"),
+    [
+        ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "1g.5gb"),
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me", "1g.10gb+me"),
+        ("NVIDIA A100-SXM4-40GB MIG 1c.2g.10gb", "2g.10gb"),  # a compute instance of a 2g
+        (b"NVIDIA A30 MIG 2g.12gb", "2g.12gb"),  # nvidia-ml-py before 11.515: bytes
+    ],
+)
+def test_the_profile_is_the_gpu_instances(name: str | bytes, profile: str) -> None:
+    assert nvml.profile_of(nvml.text_of(name)) == profile
+
+
+def test_a_value_the_gpu_does_not_support_is_left_out(fake: FakeNvml) -> None:
+    fake.fail["nvmlDeviceGetPowerUsage"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    series = read(fake)
+    assert not by_name(series, "DCGM_FI_DEV_POWER_USAGE")
+    assert by_name(series, "DCGM_FI_DEV_GPU_TEMP")
+
+
+def exporter_for(fake: FakeNvml, **kw: object) -> NvmlExporter:
+    return NvmlExporter(pynvml, dcgm.Options("h"), Published(), **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "function", [f for f in FUNCTIONS if f not in ("nvmlInit", "nvmlShutdown")]
+)
+def test_a_failing_call_keeps_the_last_collection_and_says_it_is_stale(
+    fake: FakeNvml, function: str
+) -> None:
+    now = [1000.0]
+    exporter = exporter_for(fake, clock=lambda: now[0])
+    exporter.collect()
+    good = exporter.snapshot()
+    assert good.healthy and good.ready
+    fake.fail[function] = pynvml.NVML_ERROR_UNKNOWN
+    now[0] = 1030.0
+    exporter.collect()
+    stale = exporter.snapshot()
+    assert stale.body == good.body  # the last good values, still served
+    assert not stale.healthy
+    assert stale.reason.startswith(f"stale: NVML {function} on ")
+    assert stale.reason.endswith(": Unknown Error; the last good one is from 1970-01-01T00:16:40Z")
+    own = stale.own.decode()
+    assert "mig_exporter_nvml_failed_collections_total 1\n" in own
+    assert "mig_exporter_nvml_last_collection_timestamp_seconds 1000.000\n" in own
+    del fake.fail[function]
+    exporter.collect()
+    again = exporter.snapshot()
+    assert again.healthy and again.reason == "ok"
+    assert "mig_exporter_nvml_failed_collections_total 1\n" in again.own.decode()
+
+
+def test_nothing_is_served_before_the_first_good_collection(fake: FakeNvml) -> None:
+    fake.fail["nvmlDeviceGetTemperature"] = pynvml.NVML_ERROR_TIMEOUT
+    exporter = exporter_for(fake)
+    exporter.collect()
+    snapshot = exporter.snapshot()
+    assert not snapshot.ready and not snapshot.healthy
+    assert "nothing collected yet" in snapshot.reason
+
+
+def test_a_gpu_that_disappears_takes_its_series_with_it(
+    fake: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    exporter = exporter_for(fake)
+    exporter.collect()
+    assert {s.label("gpu") for s in parse(exporter.snapshot().body.decode())} == {"0", "1"}
+    fake.lost.add(0)  # fell off the bus: NVML answers GPU_IS_LOST
+    exporter.collect()
+    exporter.collect()
+    snapshot = exporter.snapshot()
+    assert {s.label("gpu") for s in parse(snapshot.body.decode())} == {"1"}
+    assert snapshot.healthy
+    assert [r.getMessage() for r in caplog.records if "lost" in r.getMessage()] == [
+        "NVML reports GPU 0 lost: its series are gone"
+    ]
+    fake.lost.clear()
+    fake.gpus.pop(1)  # no longer listed at all
+    exporter.collect()
+    assert {s.label("gpu") for s in parse(exporter.snapshot().body.decode())} == {"0"}
+
+
+def test_a_topology_names_the_pods_holding_whole_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = [whole_gpu_node("n1", 2, "NVIDIA-A100-SXM4-40GB")]
+    topology, _ = reconcile(cluster, [gpu_pod("train", "n1", 1, "2026-01-01T00:00:00Z")])
+    node = topology.nodes["n1"]
+    fake = FakeNvml(from_topology(node))  # the same GPUs, MIG disabled
+    fake.install(monkeypatch.setattr)
+    fake.nvmlInit()
+    sample = nvml.collect(pynvml)
+    holders = {
+        s.label("UUID"): (s.label("container"), s.label("namespace"), s.label("pod"))
+        for s in parse(nvml.render(sample, dcgm.Options("h"), node).decode())
+    }
+    held = {g.id for g in node.gpus if g.status and g.status.allocated_by}
+    assert len(held) == 1
+    assert holders == {
+        g.uuid: ("c", "ns", "train") if g.uuid in held else ("", "", "") for g in fake.gpus
+    }
+    without = parse(nvml.render(sample, dcgm.Options("h")).decode())
+    assert {(s.label("pod"), s.label("namespace")) for s in without} == {("", "")}
+
+
+def test_scrapes_serve_the_last_collection_and_never_call_nvml(fake: FakeNvml) -> None:
+    published = Published()
+    exporter = NvmlExporter(pynvml, dcgm.Options("h"), published, interval_s=0.2)
+    stop = threading.Event()
+    loop = threading.Thread(target=exporter.run, args=(stop,), daemon=True)
+    server = MetricsServer(published, "127.0.0.1", 0)
+    server.start()
+    loop.start()
+    try:
+        deadline = time.monotonic() + 10
+        while fake.calls["nvmlSystemGetDriverVersion"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fake.calls["nvmlSystemGetDriverVersion"] >= 3  # it collects on its interval
+        exporter.interval_s = 3600  # from the next collection on: no more during the scrapes
+        time.sleep(0.5)
+        before = sum(fake.calls.values())
+        for _ in range(20):
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics") as r:
+                assert by_name(parse(r.read().decode().split("# HELP mig_")[0]),
+                               "DCGM_FI_DEV_FB_USED")  # fmt: skip
+        assert sum(fake.calls.values()) == before
+    finally:
+        stop.set()
+        exporter.wake.set()
+        loop.join(5)
+        server.stop()
+
+
+def test_the_cli_serves_the_fake_gpus_and_stops_on_sigterm(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, str(FAKENVML), "h100-mixed", "--port", "0", "--address", "127.0.0.1",
+         "--hostname", "gpu-host", "-c", "200"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        port = int(re.search(r":(\d+)/metrics", line)[1])  # type: ignore[index]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health") as r:
+            assert r.status == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
+            series = parse(r.read().decode().split("# HELP mig_")[0])
+        assert {s.label("Hostname") for s in series} == {"gpu-host"}
+        assert len({s.label("GPU_I_ID") for s in by_name(series, "DCGM_FI_DEV_FB_USED")
+                    if "GPU_I_ID" in s.label_names}) == 3  # fmt: skip
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_no_gpu_is_one_line_and_exit_2() -> None:
+    result = subprocess.run([sys.executable, str(FAKENVML), "no-gpu", "--once"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "no GPU" in one_line_error(result)
+
+
+def test_without_the_nvidia_library_it_is_one_line_and_exit_2() -> None:
+    # The real pynvml: on this machine without an NVIDIA driver, libnvidia-ml.so.1 is missing.
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.fail("this test needs a machine without libnvidia-ml (the CI machine has none)")
+    error = one_line_error(run_cli("exporter", "--source", "nvml", "--once"))
+    assert "libnvidia-ml.so.1" in error
+
+
+def test_without_the_pynvml_package_it_is_one_line_and_exit_2() -> None:
+    code = ("import sys; sys.modules['pynvml'] = None; from exporter.cli import main; "
+            "sys.exit(main(['--source', 'nvml', '--once']))")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert "nvidia-ml-py" in one_line_error(result)
+
+
+def test_the_collect_interval_is_dcgm_exporters(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parser().parse_args(["--source", "nvml"]).collect_interval == 30_000
+    monkeypatch.setenv("DCGM_EXPORTER_INTERVAL", "5000")
+    assert parser().parse_args(["--source", "nvml"]).collect_interval == 5_000
+    assert parser().parse_args(["-c", "250"]).collect_interval == 250
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--all-nodes"],
+        ["-c", "50"],
+        ["-c", "soon"],
+        ["--watch-topology", "--topology-file", "x.yaml", "--node-name", "n"],
+        ["--watch-topology", "--once", "--node-name", "n"],
+    ],
+)
+def test_nvml_usage_errors(args: list[str]) -> None:
+    result = run_cli("exporter", "--source", "nvml", *args)
+    assert result.returncode == 2 and "usage:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_once_with_a_topology_file_names_the_pods(tmp_path: Path) -> None:
+    node = parse_document(SAMPLE_TOPOLOGY.read_text(), "sample").nodes[SAMPLE_NODE]
+    result = subprocess.run(
+        [sys.executable, str(FAKENVML), "a100-sample", "--once", "--mig-pod-labels",
+         "--topology-file", str(SAMPLE_TOPOLOGY), "--node-name", SAMPLE_NODE],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    pods = {(s.label("GPU_I_ID"), s.label("pod"))
+            for s in by_name(parse(result.stdout), "DCGM_FI_DEV_FB_USED")}  # fmt: skip
+    expected = {
+        (str(d.gpu_instance_id), d.status.allocated_by.pod if d.status and d.status.allocated_by else "")
+        for d in node.gpus[0].mig_devices or ()
+    }  # fmt: skip
+    assert pods == expected and any(pod for _, pod in pods)
+
+
+def test_a_failing_call_in_once_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    code = (
+        "import sys, pynvml; sys.path.insert(0, 'tests'); import fakenvml; "
+        "f = fakenvml.FakeNvml([fakenvml.h100_mixed()]); "
+        "f.fail['nvmlDeviceGetPowerUsage'] = pynvml.NVML_ERROR_UNKNOWN; f.install(); "
+        "from exporter.cli import main; sys.exit(main(['--source', 'nvml', '--once']))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"error: NVML nvmlDeviceGetPowerUsage on GPU 0 ({h100_mixed().uuid}): Unknown Error"
+    ]
