@@ -9,7 +9,7 @@ Each GPU answers as its kind does on real hardware: a GPU in MIG mode has no uti
 or decoder readings (NOT_SUPPORTED); a GPU without MIG support answers NOT_SUPPORTED to the MIG
 calls; MIG memory is the catalog's MiB for the profile, less what the instance uses.
 
-`python tests/fakenvml.py SCENARIO [exporter arguments]` runs `python -m exporter` over a
+`python tests/fakenvml.py SCENARIO [exporter arguments]` (or `python -m tests.fakenvml`) runs `python -m exporter` over a
 scenario's fake, so the CLI can be tested in its own process as a user runs it.
 """
 
@@ -363,6 +363,18 @@ def a100_sample() -> list[FakeGpu]:
     return from_topology(topology.nodes["qa-mig-worker-gpu-a100"])
 
 
+def whole_a100s(node: str, count: int = 2) -> list[FakeGpu]:
+    """A100-40GBs with MIG off, with the UUIDs the status updater gives a node's whole GPUs."""
+    from status_updater.reconcile import gpu_uuid
+
+    model = model_for_product("NVIDIA-A100-SXM4-40GB")
+    assert model is not None
+    gpus = [catalog_gpu(model, "NVIDIA A100-SXM4-40GB", i, None) for i in range(count)]
+    for index, gpu in enumerate(gpus):
+        gpu.uuid = gpu_uuid(node, index)
+    return gpus
+
+
 SCENARIOS: dict[str, Callable[[], list[FakeGpu]]] = {
     "a100-sample": a100_sample,
     "h100-mixed": lambda: [h100_mixed(0), without_mig(1)],
@@ -370,8 +382,14 @@ SCENARIOS: dict[str, Callable[[], list[FakeGpu]]] = {
 }
 
 
+def scenario(name: str) -> list[FakeGpu]:
+    """A named scenario, or `whole-a100:NODE`: NODE's whole A100s as the updater names them."""
+    kind, _, node = name.partition(":")
+    return whole_a100s(node) if kind == "whole-a100" else SCENARIOS[name]()
+
+
 if __name__ == "__main__":
     from exporter.cli import main
 
-    FakeNvml(SCENARIOS[sys.argv[1]]()).install()
+    FakeNvml(scenario(sys.argv[1])).install()
     sys.exit(main(["--source", "nvml", *sys.argv[2:]]))

@@ -29,9 +29,13 @@ from fakenvml import (
     a100_sample,
     from_topology,
     h100_mixed,
+    whole_a100s,
     without_mig,
 )
+from kubeapi import eventually
 from promtext import by_name, parse
+from test_cli import free_port, get
+from test_live import running
 from test_reconcile import gpu_pod, whole_gpu_node
 
 from exporter import dcgm, nvml
@@ -428,3 +432,32 @@ def test_a_failing_call_in_once_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         f"error: NVML nvmlDeviceGetPowerUsage on GPU 0 ({h100_mixed().uuid}): Unknown Error"
     ]
+
+
+def test_watch_topology_names_the_pods_as_the_cluster_changes(tmp_path: Path) -> None:
+    # The updater and the exporter as real processes on the emulated API; the exporter reads
+    # the fake GPUs and takes pod names from the node's ConfigMap.
+    node = "gpu-1"
+    with running(tmp_path) as d:
+        d.updater()
+        port = free_port()
+        d.start("tests.fakenvml", f"whole-a100:{node}", "--watch-topology", "--node-name", node,
+                "--address", "127.0.0.1", "--port", str(port), "-c", "200", name="nvml")  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        d.kube.create(
+            "nodes", {"apiVersion": "v1", **whole_gpu_node(node, 2, "NVIDIA-A100-SXM4-40GB")}
+        )
+        pod = {"apiVersion": "v1", **gpu_pod("train", node, 1, "2026-01-01T00:00:00Z")}
+        d.kube.create("pods", pod, namespace="ns")
+
+        def holders() -> dict[str, str]:
+            series = by_name(parse(get(f"{url}/metrics")[1].split("# HELP mig_")[0]),
+                             "DCGM_FI_DEV_FB_USED")  # fmt: skip
+            return {s.label("UUID"): s.label("pod") for s in series}
+
+        uuids = [g.uuid for g in whole_a100s(node)]
+        eventually(lambda: sorted(holders().values()) == ["", "train"], timeout=20)
+        assert set(holders()) == set(uuids)
+        assert get(f"{url}/health") == (200, "ok\n")
+        d.kube.delete("pods", "train", namespace="ns")
+        eventually(lambda: set(holders().values()) == {""}, timeout=20)
