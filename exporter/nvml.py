@@ -28,6 +28,7 @@ from typing import Any
 from exporter import dcgm
 from exporter.fields import EMPTY, GPU, MIG
 from exporter.readings import Reading
+from topology.errors import one_line
 from topology.model import MigDevice, NodeTopology
 
 MIB = 1 << 20
@@ -109,18 +110,15 @@ def open_nvml() -> ModuleType:
         hint = ""
         if e.value in (nv.NVML_ERROR_LIBRARY_NOT_FOUND, nv.NVML_ERROR_DRIVER_NOT_LOADED):
             hint = ": is the NVIDIA driver installed and libnvidia-ml.so.1 on the library path?"
-        raise NvmlUnavailable(f"NVML cannot start: {_text(e)}{hint}") from None
+        raise NvmlUnavailable(f"NVML cannot start: {one_line(e)}{hint}") from None
     try:
         count = nv.nvmlDeviceGetCount()
     except nv.NVMLError as e:
-        raise NvmlUnavailable(f"NVML cannot count the GPUs: {_text(e)}") from None
+        raise NvmlUnavailable(f"NVML cannot count the GPUs: {one_line(e)}") from None
     if count == 0:
+        nv.nvmlShutdown()
         raise NvmlUnavailable("NVML sees no GPU on this machine")
     return nv
-
-
-def _text(e: Exception) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 class _Reader:
@@ -141,7 +139,7 @@ class _Reader:
                 return None
             if e.value == self.nv.NVML_ERROR_GPU_IS_LOST:
                 raise _Lost(where) from None
-            raise CollectionFailed(f"NVML {name} on {where}: {_text(e)}") from None
+            raise CollectionFailed(f"NVML {name} on {where}: {one_line(e)}") from None
 
     def optional(self, where: str, name: str, *args: Any, **kw: Any) -> Any:
         """A value a GPU may not have: None then."""
