@@ -8,6 +8,7 @@ energy counter only goes up, the same clock gives the same numbers).
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,8 +20,10 @@ from promtext import Series, by_name, parse
 from test_exporter import MIG, whole_gpu
 
 from exporter import dcgm
+from exporter.fields import Counters, parse_counters, read_counters
 from exporter.readings import EnergyMeter
 from topology.catalog import model_for_product
+from topology.configmap import parse_document
 from topology.model import (
     AllocatedBy,
     DeviceStatus,
@@ -114,6 +117,96 @@ def test_an_unknown_or_odd_line_is_a_one_line_warning_and_the_rest_served(tmp_pa
     assert [line.split()[2] for line in out.splitlines() if line.startswith("# TYPE")] == [
         "DCGM_FI_DEV_FB_USED"
     ]
+
+
+def test_each_skipped_line_says_why_and_the_lines_after_it_are_read() -> None:
+    counters, warnings = parse_counters(
+        "DCGM_FI_DEV_GPU_TEMP\n"  # no type
+        ", gauge, no name\n"
+        "DCGM_FI_DEV_SM_CLOCK, , no type\n"
+        "DCGM_FI_DEV_GPU_TEMP, label, a metric as a label\n"
+        "DCGM_FI_DRIVER_VERSION, gauge, a label as a metric\n"
+        "DCGM_FI_DEV_MEM_CLOCK, gauge\n"  # no help: served, with an empty one
+        "DCGM_FI_DEV_FB_USED, gauge, Used, in MiB, of the instance.\n"
+        "DCGM_FI_DEV_SERIAL, label, serial\n",
+        "f",
+    )
+    assert warnings == [
+        "f line 1: expected 'DCGM_FI_FIELD, type, help': skipped",
+        "f line 2: expected 'DCGM_FI_FIELD, type, help': skipped",
+        "f line 3: DCGM_FI_DEV_SM_CLOCK: type '' is not one of gauge, counter, label: skipped",
+        "f line 4: DCGM_FI_DEV_GPU_TEMP is a metric field, not label: skipped",
+        "f line 5: DCGM_FI_DRIVER_VERSION is a label field, not gauge: skipped",
+    ]
+    assert [(c.name, c.type, c.help) for c in counters.metrics] == [
+        ("DCGM_FI_DEV_MEM_CLOCK", "gauge", ""),
+        ("DCGM_FI_DEV_FB_USED", "gauge", "Used, in MiB, of the instance."),  # commas kept
+    ]
+    assert counters.labels == ("DCGM_FI_DEV_SERIAL",)
+
+
+def test_a_skipped_line_is_logged_as_it_was_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "counters.csv"
+    path.write_text("DCGM_FI_DEV_NOPE, gauge, x\nDCGM_FI_DEV_FB_USED, gauge, u\n")
+    read_counters(path)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"counters file {path} line 1: DCGM_FI_DEV_NOPE is not a field this exporter serves: skipped"
+    ]
+
+
+def test_label_fields_of_the_simulated_path() -> None:
+    counters, _ = parse_counters(
+        "DCGM_FI_DEV_FB_USED, gauge, u\nDCGM_FI_NVML_VERSION, label, n\n"
+        "DCGM_FI_DEV_SERIAL, label, s\nDCGM_FI_DEV_BRAND, label, b\n",
+        "f",
+    )
+    node = parse_document(SAMPLE.read_text(), "s").nodes[NODE]
+    for driver, nvml_version in (("470.82.01", "11.470.82.01"), ("520.56.06", "11.520.56.06"),
+                                 ("525.60.13", "12.525.60.13"), ("579.1", "12.579.1"),
+                                 ("580.65.06", "13.580.65.06"), ("odd", "11.odd")):  # fmt: skip
+        options = dcgm.Options("h", driver_version=driver, counters=counters)
+        labels = {dict(s.labels)["DCGM_FI_NVML_VERSION"] for s in node_series(node, options)}
+        assert labels == {nvml_version}, driver
+    series = node_series(node, dcgm.Options("h", counters=counters))
+    serials = {s.label("DCGM_FI_DEV_SERIAL") for s in series}
+    # One serial per GPU, fixed by its UUID: 13 digits like a real board's.
+    assert len(serials) == 1 and re.fullmatch(r"\d{1,13}", serials.pop() or "")
+    assert {s.label("DCGM_FI_DEV_BRAND") for s in series} == {"NVIDIA"}
+    other = replace(node, gpus=(replace(node.gpus[0], id="GPU-other"),))
+    assert {
+        s.label("DCGM_FI_DEV_SERIAL")
+        for s in node_series(other, dcgm.Options("h", counters=counters))
+    } != {s.label("DCGM_FI_DEV_SERIAL") for s in series}
+
+
+def test_which_fields_move_in_time_follows_what_each_gpu_serves() -> None:
+    def only(name: str) -> Counters:
+        return parse_counters(f"{name}, gauge, x\n", "f")[0]
+
+    mig = parse_document(SAMPLE.read_text(), "s").nodes[NODE]
+    empty = replace(mig, gpus=(replace(mig.gpus[0], mig_devices=()),))
+    whole_a100 = replace(mig, gpus=(replace(mig.gpus[0], mig_devices=None),))
+    util, pcie = only("DCGM_FI_DEV_GPU_UTIL"), only("DCGM_FI_PROF_PCIE_TX_BYTES")
+    assert dcgm.moves_in_time(whole_a100, util)  # a whole GPU serves its utilization
+    assert not dcgm.moves_in_time(mig, util) and not dcgm.moves_in_time(empty, util)
+    assert dcgm.moves_in_time(empty, pcie)  # PCIe bytes: whole GPUs and empty MIG GPUs only
+    assert not dcgm.moves_in_time(mig, pcie)
+    assert not dcgm.moves_in_time(whole_a100, only("DCGM_FI_DEV_FB_USED"))
+
+
+def test_families_hold_only_the_fields_served_where_they_are_served() -> None:
+    mig = parse_document(SAMPLE.read_text(), "s").nodes[NODE]
+    names = {f.name for f in dcgm.families(mig, dcgm.Options("h"), time.time())}
+    assert names.isdisjoint(WHOLE_ONLY)
+    assert set(GPU_LEVEL) <= names
+
+
+def test_dropping_a_gpu_the_meter_never_counted_is_harmless() -> None:
+    meter = EnergyMeter()
+    meter.drop("n", ["GPU-never-seen"])
+    assert len(meter) == 0
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "no usable field", "binary", "missing"])

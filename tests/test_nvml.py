@@ -46,6 +46,8 @@ from exporter.server import MetricsServer, Published
 from status_updater.state import reconcile
 from topology.catalog import model_for_product
 from topology.configmap import parse_document
+from topology.errors import TopologyError
+from topology.model import Topology
 
 FAKENVML = Path(__file__).with_name("fakenvml.py")
 SAMPLE_NODE = "qa-mig-worker-gpu-a100"
@@ -461,3 +463,120 @@ def test_watch_topology_names_the_pods_as_the_cluster_changes(tmp_path: Path) ->
         assert get(f"{url}/health") == (200, "ok\n")
         d.kube.delete("pods", "train", namespace="ns")
         eventually(lambda: set(holders().values()) == {""}, timeout=20)
+
+
+# --- the collector's own logic, in this process --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "hint"),
+    [
+        ("NVML_ERROR_LIBRARY_NOT_FOUND", True),
+        ("NVML_ERROR_DRIVER_NOT_LOADED", True),
+        ("NVML_ERROR_NO_PERMISSION", False),
+    ],
+)
+def test_nvml_that_cannot_start_is_one_reason(
+    monkeypatch: pytest.MonkeyPatch, error: str, hint: bool
+) -> None:
+    f = FakeNvml([h100_mixed()])
+    f.install(monkeypatch.setattr)
+    f.fail["nvmlInit"] = getattr(pynvml, error)
+    with pytest.raises(nvml.NvmlUnavailable) as e:
+        nvml.open_nvml()
+    text = str(pynvml.NVMLError(getattr(pynvml, error)))
+    suffix = ": is the NVIDIA driver installed and libnvidia-ml.so.1 on the library path?"
+    assert str(e.value) == f"NVML cannot start: {text}" + (suffix if hint else "")
+
+
+def test_nvml_without_gpus_or_a_count_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    f = FakeNvml([])
+    f.install(monkeypatch.setattr)
+    with pytest.raises(nvml.NvmlUnavailable, match=r"^NVML sees no GPU on this machine$"):
+        nvml.open_nvml()
+    assert not f.initialised  # shut down again
+    f.gpus.append(h100_mixed())
+    assert nvml.open_nvml() is pynvml
+    f.fail["nvmlDeviceGetCount"] = pynvml.NVML_ERROR_UNKNOWN
+    with pytest.raises(nvml.NvmlUnavailable, match=r"^NVML cannot count the GPUs: Unknown Error$"):
+        nvml.open_nvml()
+
+
+def test_without_the_package_the_reason_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with pytest.raises(nvml.NvmlUnavailable) as e:
+        nvml.open_nvml()
+    assert str(e.value) == "--source nvml needs the nvidia-ml-py package (pip install nvidia-ml-py)"
+
+
+def topology_doc(node: str, uuid: str, pod: str) -> Topology:
+    text = f"""
+nodes:
+  {node}:
+    gpu-count: 1
+    gpu-memory: 23034
+    gpu-product: NVIDIA-L4
+    gpus:
+    - id: {uuid}
+      status:
+        allocated-by: {{namespace: ns, pod: {pod}, container: c}}
+"""
+    return parse_document(text, "doc")
+
+
+def test_the_collector_takes_pod_names_from_the_topology_and_keeps_the_last_good(
+    fake: FakeNvml,
+) -> None:
+    exporter = exporter_for(fake, node_name="n1")
+    exporter.collect()
+    l4 = fake.gpus[1].uuid
+
+    def pods() -> set[str]:
+        return {s.label("pod") for s in parse(exporter.snapshot().body.decode())
+                if s.label("UUID") == l4}  # fmt: skip
+
+    assert pods() == {""}
+    exporter.update(topology_doc("n1", l4, "a"), "ConfigMap ns/topology-n1")
+    assert pods() == {"a"} and exporter.snapshot().healthy
+    # Another node's document: this node is missing from it. The last good names stay.
+    exporter.update(topology_doc("n2", l4, "b"), "ConfigMap ns/topology-n1")
+    snapshot = exporter.snapshot()
+    assert pods() == {"a"} and not snapshot.healthy
+    assert snapshot.reason.endswith("; pod labels from the last good topology")
+    assert "nodes.n1" in snapshot.reason
+    # An invalid entry for this node: counted once as a node problem.
+    bad = parse_document(
+        "nodes:\n  n1:\n    gpu-count: 1\n    gpu-memory: 1\n    gpu-product: NVIDIA-L4\n"
+        "    gpus: [{id: ''}]\n",
+        "doc",
+    )
+    exporter.update(bad, "ConfigMap ns/topology-n1")
+    exporter.update(bad, "ConfigMap ns/topology-n1")
+    assert exporter.invalid.value("node") == 1
+    assert pods() == {"a"} and not exporter.snapshot().healthy
+    # Unreadable: counted by its kind, and said.
+    exporter.rejected(TopologyError("ConfigMap ns/topology-n1", "topology.yml", "not valid YAML"))
+    assert exporter.invalid.value("configmap") == 1
+    assert "not valid YAML; pod labels from the last good topology" in exporter.snapshot().reason
+    exporter.problem("the API cannot be reached")
+    assert exporter.snapshot().reason == "the API cannot be reached"
+    exporter.update(topology_doc("n1", l4, "c"), "ConfigMap ns/topology-n1")
+    assert pods() == {"c"} and exporter.snapshot().healthy
+
+
+def test_a_stopped_topology_source_turns_health_to_503(fake: FakeNvml) -> None:
+    exporter = exporter_for(fake, node_name="n1", interval_s=3600)
+    stop = threading.Event()
+    dead = threading.Thread(target=lambda: None, name="watch")
+    dead.start()
+    dead.join()
+    loop = threading.Thread(target=exporter.run, args=(stop, [dead]), daemon=True)
+    loop.start()
+    try:
+        eventually(lambda: "the topology source watch stopped" in exporter.snapshot().reason,
+                   timeout=10)  # fmt: skip
+        assert not exporter.snapshot().healthy
+    finally:
+        stop.set()
+        exporter.wake.set()
+        loop.join(5)
