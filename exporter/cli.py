@@ -112,6 +112,13 @@ def parser() -> argparse.ArgumentParser:
         "MIG_POD_LABELS=true); off by default, as run:ai dynamic MIG leaves them empty",
     )
     p.add_argument(
+        "--kubernetes-virtual-gpus",
+        action="store_true",
+        default=os.environ.get("KUBERNETES_VIRTUAL_GPUS", "").lower() in ("1", "true", "yes"),
+        help="a shared GPU's (time-slicing, MPS) series once per pod sharing it, with a vgpu "
+        "label, as dcgm-exporter's flag (env KUBERNETES_VIRTUAL_GPUS=true)",
+    )
+    p.add_argument(
         "--web-config-file",
         type=Path,
         metavar="FILE",
@@ -314,6 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         driver_version=args.driver_version,
         counters=counters,
         mig_pod_labels=args.mig_pod_labels,
+        virtual_gpus=args.kubernetes_virtual_gpus,
     )
     try:
         if args.once:

@@ -32,7 +32,7 @@ from exporter import readings
 from exporter.fields import DEFAULT_COUNTERS, EMPTY, GPU, MIG, Counter, Counters, read_counters
 from exporter.readings import EnergyMeter, Reading
 from topology.catalog import GpuModel, model_for_product, nvml_model_name
-from topology.model import DeviceStatus, Gpu, MigDevice, NodeTopology
+from topology.model import AllocatedBy, DeviceStatus, Gpu, MigDevice, NodeTopology
 
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 FB_FREE = "DCGM_FI_DEV_FB_FREE"
@@ -65,6 +65,9 @@ class Options:
     # Name the pod holding each MIG instance, as dcgm-exporter does where the kubelet knows it.
     # Off by default: run:ai's dynamic MIG leaves them empty, as the real dumps show.
     mig_pod_labels: bool = False
+    # dcgm-exporter's --kubernetes-virtual-gpus: a shared device's series once per replica held,
+    # each naming its pod and `vgpu` (the replica); off, one series names one of the pods.
+    virtual_gpus: bool = False
     energy: EnergyMeter = field(default_factory=EnergyMeter, compare=False, repr=False)
 
 
@@ -124,9 +127,21 @@ def _label_fields(options: Options, gpu: Gpu) -> Labels:
 
 def holder(status: DeviceStatus | None) -> Labels:
     """container, namespace, pod of the pod holding a device (empty when free)."""
-    a = status.allocated_by if status else None
+    return _pod_labels(status.allocated_by if status else None)
+
+
+def _pod_labels(a: AllocatedBy | None) -> Labels:
     values = (a.container, a.namespace, a.pod) if a else ("", "", "")
     return tuple(zip(("container", "namespace", "pod"), values, strict=True))
+
+
+def holders(status: DeviceStatus | None, options: Options) -> list[Labels]:
+    """The pod labels of a device's series: one set (the pod holding it, or one of the pods
+    sharing it), or in virtual-GPU mode one per replica held, each with its `vgpu` after the
+    pod labels, where dcgm-exporter's sorted attributes put it."""
+    if options.virtual_gpus and status is not None and status.replicas:
+        return [(*_pod_labels(r.holder), ("vgpu", str(r.index))) for r in status.replicas]
+    return [holder(status)]
 
 
 def entities(node: NodeTopology, options: Options, now: float) -> list[tuple[str, Labels, Reading]]:
@@ -150,13 +165,15 @@ def entities(node: NodeTopology, options: Options, now: float) -> list[tuple[str
             gpu, model, node.gpu_memory, now, (options.energy, options.hostname), instances
         )
         if not mig:
-            out.append((GPU, base + host + extra + holder(gpu.status), reading))
+            out += [
+                (GPU, base + host + extra + pod, reading) for pod in holders(gpu.status, options)
+            ]
         elif not instances:
             out.append((EMPTY, base + host + extra + holder(None), reading))
         for dev, r in zip(instances, per_instance, strict=True):
             mig_labels = (("GPU_I_PROFILE", dev.name), ("GPU_I_ID", str(dev.gpu_instance_id)))
-            pod = holder(dev.status if name_holders else None)
-            out.append((MIG, base + mig_labels + host + extra + pod, r))
+            pods = holders(dev.status if name_holders else None, options)
+            out += [(MIG, base + mig_labels + host + extra + pod, r) for pod in pods]
     return out
 
 

@@ -327,8 +327,8 @@ def entities(
         extra = _label_fields(sample, gpu, options)
         known = whole.get(gpu.uuid)
         if not gpu.mig:
-            pod = dcgm.holder(known.status if known else None)
-            out.append((GPU, base + host + extra + pod, _reading(gpu.values)))
+            pods = dcgm.holders(known.status if known else None, options)
+            out += [(GPU, base + host + extra + pod, _reading(gpu.values)) for pod in pods]
             continue
         if not gpu.instances:
             out.append((EMPTY, base + host + extra + dcgm.holder(None), _reading(gpu.values)))
@@ -338,9 +338,9 @@ def entities(
         for inst in gpu.instances:
             mig_labels = (("GPU_I_PROFILE", inst.profile), ("GPU_I_ID", str(inst.gpu_instance_id)))
             dev = devices.get(inst.gpu_instance_id)
-            pod = dcgm.holder(dev.status if dev else None)
             reading = _reading(gpu.values, inst.memory)
-            out.append((MIG, base + mig_labels + host + extra + pod, reading))
+            out += [(MIG, base + mig_labels + host + extra + pod, reading)
+                    for pod in dcgm.holders(dev.status if dev else None, options)]  # fmt: skip
     return out
 
 

@@ -28,8 +28,10 @@ from topology.model import (
     MigDevice,
     NodeTopology,
     PodUsage,
+    Replica,
     Topology,
 )
+from topology.sharing import base_resource, parse_sharing
 from topology.validate import node_errors
 
 Obj = Mapping[str, Any]
@@ -139,7 +141,7 @@ def slim_node(node: Obj) -> dict[str, Any]:
             "name": meta.get("name"),
             "uid": meta.get("uid"),
             "creationTimestamp": meta.get("creationTimestamp"),
-            "labels": _only(meta.get("labels"), NODE_LABELS),
+            "labels": _only(meta.get("labels"), NODE_LABELS) | _sharing_labels(meta),
             "annotations": _only(meta.get("annotations"), NODE_ANNOTATIONS),
         },
     }
@@ -147,6 +149,17 @@ def slim_node(node: Obj) -> dict[str, Any]:
     if advertised:
         slim["status"] = {"allocatable": advertised}
     return slim
+
+
+def _sharing_labels(meta: Mapping[str, Any]) -> dict[str, str]:
+    """GFD's sharing labels: `<resource>.replicas` and `.sharing-strategy` of each resource."""
+    return {
+        k: v
+        for k, v in _strings(meta.get("labels")).items()
+        if isinstance(k, str)
+        and k.startswith("nvidia.com/")
+        and k.endswith((".replicas", ".sharing-strategy"))
+    }
 
 
 def _advertised_migs(node: Obj) -> dict[str, str]:
@@ -229,13 +242,24 @@ def build_node(
         if labels.is_dynamic_mig_enabled
         else _static_layouts(node, model, raw_product, gpu_count, layouts, warnings)
     )
+    sharing = None
+    if not labels.is_dynamic_mig_enabled:  # run:ai's dynamic MIG shares by its own fractions
+        sharing = parse_sharing(_strings(meta.get("labels")), obj)
     if static is not None:
         gpus = _static_gpus(name, model, static)
         memory = labels.gpu_memory
         if model is not None and (memory == 0 or single):
             memory = model.total_memory_mib
+        if sharing is not None and sharing.strategy == "mps" and any(g.mig_devices for g in gpus):
+            if warnings is not None:
+                warnings.append(TopologyError(
+                    obj, "metadata.labels[nvidia.com/gpu.sharing-strategy]",
+                    "MPS cannot share MIG devices (the device plugin refuses it): not shared",
+                ))  # fmt: skip
+            sharing = None
         return _checked(
-            name, NodeTopology(len(gpus), memory, labels.gpu_product, False, tuple(gpus))
+            name,
+            NodeTopology(len(gpus), memory, labels.gpu_product, False, tuple(gpus), sharing),
         )
     if labels.is_dynamic_mig_enabled:
         if model is None:
@@ -269,6 +293,7 @@ def build_node(
         gpu_product=labels.gpu_product,
         is_dynamic_mig_enabled=labels.is_dynamic_mig_enabled,
         gpus=tuple(gpus),
+        sharing=sharing,
     )
     return _checked(name, topo)
 
@@ -476,8 +501,9 @@ def _first_container(pod: Obj) -> str:
 
 
 def _is_gpu_resource(name: object) -> bool:
-    return name == GPU_RESOURCE or (
-        isinstance(name, str) and name.startswith(runai.MIG_RESOURCE_PREFIX)
+    """`nvidia.com/gpu`, `nvidia.com/mig-<profile>`, or either renamed for sharing (`.shared`)."""
+    return isinstance(name, str) and (
+        base_resource(name) == GPU_RESOURCE or name.startswith(runai.MIG_RESOURCE_PREFIX)
     )
 
 
@@ -501,7 +527,7 @@ def requests(pod: Obj) -> list[tuple[int, str, str, int]]:
 
 
 def _whole_gpus_requested(pod: Obj) -> int:
-    return sum(n for _, _, resource, n in requests(pod) if resource == GPU_RESOURCE)
+    return sum(n for _, _, resource, n in requests(pod) if base_resource(resource) == GPU_RESOURCE)
 
 
 def _pod_order(pod: Obj) -> tuple[float, str, str]:
@@ -524,7 +550,12 @@ class _Node:
     """
 
     def __init__(
-        self, name: str, node: NodeTopology, single: bool = False, kept: Kept | None = None
+        self,
+        name: str,
+        node: NodeTopology,
+        single: bool = False,
+        kept: Kept | None = None,
+        kept_replicas: KeptReplicas | None = None,
     ) -> None:
         self.name = name
         self.node = node
@@ -538,6 +569,12 @@ class _Node:
         # Every device a pod still holds is its own while placement runs: an older pod that
         # lost some of its devices (a re-partition) must not take a younger pod's.
         self.reserved = {(g, d): uid for uid, held in self.kept.items() for g, d, _ in held}
+        # Shared devices: (GPU, MIG device or None) -> replica index -> (pod uid, replica).
+        self.replicas: dict[tuple[int, int | None], dict[int, Replica]] = {}
+        self.kept_replicas: KeptReplicas = kept_replicas or {}
+        self.reserved_replicas = {
+            (g, d, r): uid for uid, held in self.kept_replicas.items() for g, d, r, _ in held
+        }
 
     def result(self) -> NodeTopology:
         n = self.node
@@ -546,7 +583,7 @@ class _Node:
             for g, m in zip(self.gpus, self.migs, strict=True)
         )
         return NodeTopology(
-            n.gpu_count, n.gpu_memory, n.gpu_product, n.is_dynamic_mig_enabled, gpus
+            n.gpu_count, n.gpu_memory, n.gpu_product, n.is_dynamic_mig_enabled, gpus, n.sharing
         )
 
     def place(self, pod: Obj, warnings: list[TopologyError]) -> None:
@@ -556,6 +593,9 @@ class _Node:
             str(meta.get("namespace", "default")), str(meta.get("name", "")), _first_container(pod)
         )
         uid = _uid(pod)
+        if self.node.sharing is not None:
+            self._place_shared(pod, obj, uid, warnings)
+            return
         if not self.node.is_dynamic_mig_enabled:
             self._place_requested(pod, obj, uid, warnings)
             return
@@ -634,6 +674,115 @@ class _Node:
             self._hold(pod, obj, AllocatedBy(namespace, pod_name, container), uid, warnings,
                        free_gpus[at : at + count])  # fmt: skip
             at += count
+
+    def _place_shared(self, pod: Obj, obj: str, uid: str, warnings: list[TopologyError]) -> None:
+        """Replicas of shared devices, as the device plugin's `distributed` policy hands them
+        out: one at a time, on the device with the fewest replicas taken, preferring devices
+        not yet picked for this pod, then the lowest GPU index and GI id; there, the lowest free
+        replica. A pod keeps the replicas it held. A pod that does not fit gets nothing."""
+        assert self.node.sharing is not None
+        count_per_device = self.node.sharing.replicas
+        meta = _meta(pod)
+        namespace, pod_name = str(meta.get("namespace", "default")), str(meta.get("name", ""))
+        picks: list[tuple[int, int | None, int, str]] = []  # (gpu, MIG device, replica, container)
+        taken: set[tuple[int, int | None, int]] = set()  # by this pod's earlier containers
+
+        def free(g: int, d: int | None, r: int) -> bool:
+            return (
+                r not in self.replicas.get((g, d), {})
+                and (g, d, r) not in taken
+                and self.reserved_replicas.get((g, d, r), uid) == uid
+            )
+
+        for ci, container, resource, count in requests(pod):
+            resource = base_resource(resource)
+            profile = None if resource == GPU_RESOURCE else resource.removeprefix(
+                runai.MIG_RESOURCE_PREFIX)  # fmt: skip
+            devices = self._shared_devices(profile)
+            mine = [(g, d, r) for g, d, r, c in self.kept_replicas.get(uid, ())
+                    if c == container and (g, d) in devices and free(g, d, r)]  # fmt: skip
+            chosen: list[tuple[int, int | None, int]] = mine[:count]
+            picked = {dev: sum(1 for g, d, _ in chosen if (g, d) == dev) for dev in devices}
+            for _ in range(count - len(chosen)):
+                load = {
+                    dev: len(self.replicas.get(dev, {})) + sum(1 for g, d, _ in chosen
+                                                               if (g, d) == dev)
+                    for dev in devices
+                }  # fmt: skip
+                open_devices = [
+                    dev for dev in devices
+                    if any(free(*dev, r) and (*dev, r) not in chosen for r in range(count_per_device))
+                ]  # fmt: skip
+                if not open_devices:
+                    what = profile or "GPU"
+                    free_count = sum(
+                        1 for dev in devices for r in range(count_per_device) if free(*dev, r)
+                    )
+                    raise TopologyError(
+                        obj,
+                        f"spec.containers[{ci}].resources.limits[{resource}]",
+                        f"asks for {count} {what} replicas, node {self.name} has {free_count} free",
+                    )
+                dev = min(open_devices, key=lambda v: (load[v], picked[v], self._order(v)))
+                r = next(r for r in range(count_per_device)
+                         if free(*dev, r) and (*dev, r) not in chosen)  # fmt: skip
+                chosen.append((*dev, r))
+                picked[dev] += 1
+            picks += [(g, d, r, container) for g, d, r in chosen]
+            taken.update(chosen)
+        usages: dict[tuple[int, int | None], PodUsage] = {}
+        for g, d, r, container in picks:
+            holder = AllocatedBy(namespace, pod_name, container)
+            self.replicas.setdefault((g, d), {})[r] = Replica(r, holder, uid)
+            if (g, d) not in usages:
+                most, share = self._replica_memory(g, d)
+                usages[g, d] = pod_usage(pod, obj, most, warnings, share)
+        for g, d in usages:
+            self._set_shared_status(g, d, uid, usages[g, d])
+
+    def _shared_devices(self, profile: str | None) -> list[tuple[int, int | None]]:
+        """The devices a shared resource's replicas come from: whole GPUs for `nvidia.com/gpu`
+        (the MIG instances under GFD's single strategy), or the MIG instances of `profile`."""
+        if profile is None and not self.single:
+            return [(g, None) for g in range(len(self.gpus)) if self.migs[g] is None]
+        return [(g, d) for g, devices in enumerate(self.migs) for d, dev in enumerate(devices or ())
+                if profile is None or dev.name == profile]  # fmt: skip
+
+    def _order(self, dev: tuple[int, int | None]) -> tuple[int, int]:
+        g, d = dev
+        devices = self.migs[g]
+        return (g, -1 if d is None or devices is None else devices[d].gpu_instance_id)
+
+    def _replica_memory(self, g: int, d: int | None) -> tuple[int, int]:
+        """(the most one pod may use, its fair share) of the device in MiB: all of it under
+        time-slicing (memory is not isolated), total / replicas under MPS (the control daemon's
+        pinned memory limit); the share is total / replicas either way."""
+        assert self.node.sharing is not None
+        if d is None:
+            total = self.model.fb_total_mib if self.model else self.node.gpu_memory
+        else:
+            devices = self.migs[g]
+            assert devices is not None
+            profile = self.model.profile(devices[d].name) if self.model else None
+            total = profile.fb_total_mib if profile else 0
+        share = total // self.node.sharing.replicas
+        return (share if self.node.sharing.strategy == "mps" else total), share
+
+    def _set_shared_status(self, g: int, d: int | None, uid: str, usage: PodUsage) -> None:
+        """The device's status from its replicas: every holder's usage, and the holder of the
+        lowest replica as `allocated-by` (what dcgm-exporter's default mode names)."""
+        replicas = tuple(sorted(self.replicas[g, d].values(), key=lambda r: r.index))
+        old = self.gpus[g].status if d is None else (self.migs[g] or [])[d].status
+        usages = {**(old.pod_gpu_usage_status if old else {}), uid: usage}
+        status = DeviceStatus(replicas[0].holder, usages, replicas)
+        if d is None:
+            gpu = self.gpus[g]
+            self.gpus[g] = Gpu(gpu.id, status, gpu.mig_devices)
+        else:
+            devices = self.migs[g]
+            assert devices is not None
+            dev = devices[d]
+            devices[d] = MigDevice(dev.name, dev.position, dev.gpu_instance_id, dev.id, status)
 
     def _free_gpus(self, uid: str) -> list[int]:
         """The free whole GPUs, those the pod held before first."""
@@ -757,6 +906,29 @@ def held_devices(node: NodeTopology, previous: NodeTopology | None) -> Kept:
     return {uid: tuple(held) for uid, held in kept.items()}
 
 
+# pod uid -> (GPU index, MIG device index or None, replica, container) it held on shared devices
+KeptReplicas = Mapping[str, tuple[tuple[int, int | None, int, str], ...]]
+
+
+def held_replicas(node: NodeTopology, previous: NodeTopology | None) -> KeptReplicas:
+    """The replicas each pod held in `previous` on devices `node` still has (as held_devices)."""
+    if previous is None or node.sharing is None or previous.sharing is None:
+        return {}
+    kept: dict[str, list[tuple[int, int | None, int, str]]] = {}
+    for g, (now, before) in enumerate(zip(node.gpus, previous.gpus, strict=False)):
+        if now.mig_devices is None and before.mig_devices is None and before.status is not None:
+            for r in before.status.replicas:
+                kept.setdefault(r.pod_uid, []).append((g, None, r.index, r.holder.container))
+        index = {(d.gpu_instance_id, d.name): i for i, d in enumerate(now.mig_devices or ())}
+        for dev in before.mig_devices or ():
+            d = index.get((dev.gpu_instance_id, dev.name))
+            if d is not None and dev.status is not None:
+                for r in dev.status.replicas:
+                    kept.setdefault(r.pod_uid, []).append((g, d, r.index, r.holder.container))
+    limit = node.sharing.replicas  # fewer replicas now: those past the count are gone
+    return {uid: tuple(h for h in held if h[2] < limit) for uid, held in kept.items()}
+
+
 def _uid(pod: Obj) -> str:
     meta = _meta(pod)
     return str(meta.get("uid") or f"{meta.get('namespace', 'default')}/{meta.get('name', '')}")
@@ -779,9 +951,11 @@ def allocate(
     holding = [p for p in pods if holds_gpu(p)]
     live = {_uid(p) for p in holding}
     kept = {uid: held for uid, held in held_devices(node, previous).items() if uid in live}
-    state = _Node(name, node, single, kept)
+    replicas = {uid: held for uid, held in held_replicas(node, previous).items() if uid in live}
+    state = _Node(name, node, single, kept, replicas)
     # Pods that held devices place first, then new pods, oldest first, in what is left.
-    for pod in sorted(holding, key=lambda p: (_uid(p) not in kept, _pod_order(p))):
+    holders = kept.keys() | replicas.keys()
+    for pod in sorted(holding, key=lambda p: (_uid(p) not in holders, _pod_order(p))):
         try:
             state.place(pod, warnings)
         except TopologyError as e:

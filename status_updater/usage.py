@@ -56,10 +56,16 @@ def parse_fb_used(value: str, obj: str, fb_total: int) -> int:
 
 
 def pod_usage(
-    pod: Mapping[str, Any], obj: str, fb_total: int, warnings: list[TopologyError]
+    pod: Mapping[str, Any],
+    obj: str,
+    fb_total: int,
+    warnings: list[TopologyError],
+    share: int | None = None,
 ) -> PodUsage:
-    """The usage a pod simulates on a device of `fb_total` MiB.
+    """The usage a pod simulates on a device of `fb_total` MiB (the most it may use).
 
+    `share`: the MiB that are the pod's fair part of a shared device, which its default use is
+    a fraction of (a time-sliced pod may use the whole device, but by default does not).
     A bad override is reported and the default used instead: the allocation is never dropped.
     """
     meta = pod.get("metadata")
@@ -67,7 +73,7 @@ def pod_usage(
     annotations = meta.get("annotations")
     annotations = annotations if isinstance(annotations, Mapping) else {}
     utilization = DEFAULT_UTILIZATION
-    fb_used = int(fb_total * DEFAULT_FB_FRACTION)
+    fb_used = int((fb_total if share is None else share) * DEFAULT_FB_FRACTION)
     if ANNOTATION_UTILIZATION in annotations:
         try:
             utilization = parse_utilization(str(annotations[ANNOTATION_UTILIZATION]), obj)

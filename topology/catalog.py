@@ -494,8 +494,9 @@ _BY_LABEL: dict[str, GpuModel] = {label: m for m in MODELS for label in m.produc
 
 
 def base_product(product_label: str) -> str:
-    """`NVIDIA-A100-80GB-PCIe-MIG-1g.10gb` (single strategy) -> `NVIDIA-A100-80GB-PCIe`."""
-    return product_label.split(MIG_SUFFIX, 1)[0]
+    """`NVIDIA-A100-80GB-PCIe-MIG-1g.10gb` (single strategy) -> `NVIDIA-A100-80GB-PCIe`; GPU
+    sharing's `-SHARED` suffix (`NVIDIA-A100-SXM4-40GB-SHARED`) goes too."""
+    return product_label.removesuffix("-SHARED").split(MIG_SUFFIX, 1)[0]
 
 
 def model_for_product(product_label: str) -> GpuModel | None:

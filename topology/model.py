@@ -42,9 +42,32 @@ class PodUsage:
 
 
 @dataclass(frozen=True)
+class Replica:
+    """One replica of a shared device (time-slicing or MPS) and the pod container holding it."""
+
+    index: int  # the device plugin's `<uuid>::<index>`: dcgm-exporter's `vgpu` label
+    holder: AllocatedBy
+    pod_uid: str
+
+
+@dataclass(frozen=True)
 class DeviceStatus:
+    # On a shared device: the holder of its lowest held replica (see `replicas`).
     allocated_by: AllocatedBy | None = None
     pod_gpu_usage_status: Mapping[str, PodUsage] = field(default_factory=dict)
+    replicas: tuple[Replica, ...] = ()  # a shared device's held replicas, by index
+
+
+SHARING_STRATEGIES = ("time-slicing", "mps")
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """The device plugin's GPU sharing on a node: each GPU (or static MIG instance) is
+    advertised as `replicas` devices."""
+
+    strategy: str  # time-slicing | mps
+    replicas: int
 
 
 @dataclass(frozen=True)
@@ -70,6 +93,7 @@ class NodeTopology:
     gpu_product: str
     is_dynamic_mig_enabled: bool = False
     gpus: tuple[Gpu, ...] = ()
+    sharing: Sharing | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +122,12 @@ def _status_to_dict(status: DeviceStatus) -> dict[str, Any]:
             }
             for uid, u in sorted(status.pod_gpu_usage_status.items())
         }
+    if status.replicas:
+        out["replicas"] = [
+            {"replica": r.index, "namespace": r.holder.namespace, "pod": r.holder.pod,
+             "container": r.holder.container, "pod-uid": r.pod_uid}
+            for r in status.replicas
+        ]  # fmt: skip
     return out
 
 
@@ -130,6 +160,9 @@ def to_dict(topology: Topology) -> dict[str, Any]:
             "is-dynamic-mig-enabled": node.is_dynamic_mig_enabled,
             "gpus": gpus,
         }
+        if node.sharing is not None:
+            sharing = {"strategy": node.sharing.strategy, "replicas": node.sharing.replicas}
+            nodes[name]["sharing"] = sharing
     return {"mig-strategy": topology.mig_strategy, "nodes": nodes}
 
 
@@ -230,33 +263,41 @@ def dump_yaml(topology: Topology) -> str:
         ]
         if not node.gpus:
             out.append("    gpus: []")
-            continue
-        out.append("    gpus:")
-        for gpu in node.gpus:
-            out.append(f"    - id: {q(gpu.id)}")
-            if gpu.status is not None:
-                _dump_status(gpu.status, "      ", out)
-            if gpu.mig_devices is None:
-                continue
-            if not gpu.mig_devices:
-                out.append("      mig-devices: []")
-                continue
-            out.append("      mig-devices:")
-            for dev in gpu.mig_devices:
-                lines = [] if dev.id is None else [f"id: {q(dev.id)}"]
-                lines += [f"name: {q(dev.name)}", f"position: {dev.position}",
-                          f"gpu-instance-id: {dev.gpu_instance_id}"]  # fmt: skip
-                out.append(f"      - {lines[0]}")
-                out += [f"        {line}" for line in lines[1:]]
-                if dev.status is not None:
-                    _dump_status(dev.status, "        ", out)
+        else:
+            out.append("    gpus:")
+            _dump_gpus(node, out)
+        if node.sharing is not None:
+            out += ["    sharing:", f"      strategy: {q(node.sharing.strategy)}",
+                    f"      replicas: {node.sharing.replicas}"]  # fmt: skip
     return "\n".join(out) + "\n"
+
+
+def _dump_gpus(node: NodeTopology, out: list[str]) -> None:
+    q = yamltext.scalar
+    for gpu in node.gpus:
+        out.append(f"    - id: {q(gpu.id)}")
+        if gpu.status is not None:
+            _dump_status(gpu.status, "      ", out)
+        if gpu.mig_devices is None:
+            continue
+        if not gpu.mig_devices:
+            out.append("      mig-devices: []")
+            continue
+        out.append("      mig-devices:")
+        for dev in gpu.mig_devices:
+            lines = [] if dev.id is None else [f"id: {q(dev.id)}"]
+            lines += [f"name: {q(dev.name)}", f"position: {dev.position}",
+                      f"gpu-instance-id: {dev.gpu_instance_id}"]  # fmt: skip
+            out.append(f"      - {lines[0]}")
+            out += [f"        {line}" for line in lines[1:]]
+            if dev.status is not None:
+                _dump_status(dev.status, "        ", out)
 
 
 def _dump_status(status: DeviceStatus, indent: str, out: list[str]) -> None:
     q = yamltext.scalar
     a = status.allocated_by
-    if a is None and not status.pod_gpu_usage_status:
+    if a is None and not status.pod_gpu_usage_status and not status.replicas:
         out.append(f"{indent}status: {{}}")
         return
     out.append(f"{indent}status:")
@@ -274,6 +315,13 @@ def _dump_status(status: DeviceStatus, indent: str, out: list[str]) -> None:
                 f"{indent}      fb-used: {u.fb_used}",
                 f"{indent}      is-inference-pod: {q(u.is_inference_pod)}",
             ]
+    if status.replicas:
+        out.append(f"{indent}  replicas:")
+        for r in status.replicas:
+            h = r.holder
+            out += [f"{indent}  - replica: {r.index}", f"{indent}    namespace: {q(h.namespace)}",
+                    f"{indent}    pod: {q(h.pod)}", f"{indent}    container: {q(h.container)}",
+                    f"{indent}    pod-uid: {q(r.pod_uid)}"]  # fmt: skip
 
 
 # --- from the wire -------------------------------------------------------------------------------
@@ -360,7 +408,15 @@ def _status_from(r: _Reader) -> DeviceStatus:
             usage[str(uid)] = PodUsage(
                 Utilization(lo, hi), p.integer("fb-used"), p.boolean("is-inference-pod")
             )
-    return DeviceStatus(allocated_by, usage)
+    replicas = tuple(
+        Replica(
+            x.integer("replica"),
+            AllocatedBy(*(x.string(k, empty=True) for k in ("namespace", "pod", "container"))),
+            x.string("pod-uid", empty=True),
+        )
+        for x in (r.items("replicas") if r.has("replicas") else [])
+    )
+    return DeviceStatus(allocated_by, usage, replicas)
 
 
 def from_dict(data: object, obj: str = "topology") -> Topology:
@@ -405,7 +461,17 @@ def _node_from(n: _Reader) -> NodeTopology:
         gpu_product=n.string("gpu-product"),
         is_dynamic_mig_enabled=n.boolean("is-dynamic-mig-enabled"),
         gpus=tuple(gpus),
+        sharing=_sharing_from(n.sub("sharing")) if n.has("sharing") else None,
     )
+
+
+def _sharing_from(r: _Reader) -> Sharing:
+    strategy = r.raw("strategy")
+    if strategy not in SHARING_STRATEGIES:
+        raise r.error(
+            "strategy", f"must be one of {', '.join(SHARING_STRATEGIES)}, got {strategy!r}"
+        )
+    return Sharing(strategy, r.integer("replicas", minimum=2))
 
 
 def load_yaml(text: str, obj: str = "topology") -> Topology:

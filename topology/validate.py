@@ -20,6 +20,7 @@ def _node_errors(name: str, node: NodeTopology) -> Iterator[TopologyError]:
         yield TopologyError(
             obj, f"gpus[{node.gpu_count}]", f"GPU index >= gpu-count {node.gpu_count}"
         )
+    yield from _replica_errors(obj, node)
     model = model_for_product(node.gpu_product)
     for gi, gpu in enumerate(node.gpus):
         if not gpu.mig_devices:
@@ -71,6 +72,24 @@ def _node_errors(name: str, node: NodeTopology) -> Iterator[TopologyError]:
                 yield TopologyError(
                     obj, f"{where}.name", f"more than {profile.max_count} {dev.name} on one GPU"
                 )
+
+
+def _replica_errors(obj: str, node: NodeTopology) -> Iterator[TopologyError]:
+    """A shared device's replicas: on a node that shares, each index once and below the count."""
+    devices = [(f"gpus[{gi}]", gpu.status) for gi, gpu in enumerate(node.gpus)]
+    devices += [(f"gpus[{gi}].mig-devices[{di}]", dev.status)
+                for gi, gpu in enumerate(node.gpus) for di, dev in enumerate(gpu.mig_devices or ())]  # fmt: skip
+    count = node.sharing.replicas if node.sharing else 0
+    for where, status in devices:
+        seen: set[int] = set()
+        for ri, replica in enumerate(status.replicas if status else ()):
+            field = f"{where}.status.replicas[{ri}].replica"
+            if replica.index >= count:
+                why = f"is {replica.index}, the node shares each device {count} ways"
+                yield TopologyError(obj, field, why if count else "the node does not share GPUs")
+            elif replica.index in seen:
+                yield TopologyError(obj, field, f"replica {replica.index} is listed twice")
+            seen.add(replica.index)
 
 
 def duplicate_id_errors(topology: Topology) -> list[TopologyError]:
