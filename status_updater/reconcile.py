@@ -769,12 +769,15 @@ class _Node:
         return (share if self.node.sharing.strategy == "mps" else total), share
 
     def _set_shared_status(self, g: int, d: int | None, uid: str, usage: PodUsage) -> None:
-        """The device's status from its replicas: every holder's usage, and the holder of the
-        lowest replica as `allocated-by` (what dcgm-exporter's default mode names)."""
+        """The device's status from its replicas: every holder's usage, and as `allocated-by`
+        (the pod dcgm-exporter's default mode names) the pod placed on it first: pods that held
+        replicas place first, oldest first, so it is the pod that has shared it longest."""
         replicas = tuple(sorted(self.replicas[g, d].values(), key=lambda r: r.index))
         old = self.gpus[g].status if d is None else (self.migs[g] or [])[d].status
         usages = {**(old.pod_gpu_usage_status if old else {}), uid: usage}
-        status = DeviceStatus(replicas[0].holder, usages, replicas)
+        first = old.allocated_by if old is not None else None
+        mine = next(r.holder for r in replicas if r.pod_uid == uid)
+        status = DeviceStatus(first or mine, usages, replicas)
         if d is None:
             gpu = self.gpus[g]
             self.gpus[g] = Gpu(gpu.id, status, gpu.mig_devices)

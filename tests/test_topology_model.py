@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import yaml
 from conftest import SAMPLES
@@ -17,9 +19,12 @@ from topology.model import (
     MigDevice,
     NodeTopology,
     PodUsage,
+    Replica,
+    Sharing,
     Topology,
     Utilization,
     dump_yaml,
+    from_dict,
     load_yaml,
     to_dict,
 )
@@ -160,17 +165,20 @@ _text = st.one_of(
 )
 _usage = st.builds(PodUsage, st.builds(Utilization, st.integers(0, 100), st.integers(0, 100)),
                    st.integers(0, 10**6), st.booleans())  # fmt: skip
+_holder = st.builds(AllocatedBy, _text, _text, _text)
 _status = st.builds(
     DeviceStatus,
-    st.none() | st.builds(AllocatedBy, _text, _text, _text),
+    st.none() | _holder,
     st.dictionaries(_text, _usage, max_size=2),
+    st.lists(st.builds(Replica, st.integers(0, 9), _holder, _text), max_size=2).map(tuple),
 )
 _mig = st.builds(
     MigDevice, _text, st.integers(0, 7), st.integers(0, 14), st.none() | _text, st.none() | _status
 )
 _gpu = st.builds(Gpu, _text, st.none() | _status, st.none() | st.lists(_mig, max_size=3).map(tuple))
+_sharing = st.builds(Sharing, st.sampled_from(["time-slicing", "mps"]), st.integers(2, 16))
 _node = st.builds(NodeTopology, st.integers(0, 64), st.integers(0, 10**6), _text, st.booleans(),
-                  st.lists(_gpu, max_size=3).map(tuple))  # fmt: skip
+                  st.lists(_gpu, max_size=3).map(tuple), st.none() | _sharing)  # fmt: skip
 topologies = st.builds(Topology, st.sampled_from(["none", "single", "mixed"]),
                        st.dictionaries(_text, _node, max_size=3))  # fmt: skip
 
@@ -180,6 +188,34 @@ def test_the_fast_writer_writes_what_the_generic_one_does(topology: Topology) ->
     text = dump_yaml(topology)
     assert text == yamltext.dump(to_dict(topology))  # which PyYAML reads back (test_yamltext.py)
     assert yaml.safe_load(text) == to_dict(topology)
+
+
+@given(topologies)
+def test_sharing_adds_keys_and_changes_nothing_a_reader_of_the_old_schema_reads(
+    topology: Topology,
+) -> None:
+    # A reader that knows nothing of sharing (the exporter before it, fake-gpu-operator) ignores
+    # `sharing` and `replicas`: what it reads is the topology without them.
+    def without(value: object) -> object:
+        if isinstance(value, dict):
+            return {k: without(v) for k, v in value.items() if k not in ("sharing", "replicas")}
+        if isinstance(value, list):
+            return [without(v) for v in value]
+        return value
+
+    old = from_dict(without(to_dict(topology)))
+    unshared = {
+        name: replace(node, sharing=None, gpus=tuple(
+            replace(g, status=_unshared(g.status), mig_devices=None if g.mig_devices is None
+                    else tuple(replace(d, status=_unshared(d.status)) for d in g.mig_devices))
+            for g in node.gpus))
+        for name, node in topology.nodes.items()
+    }  # fmt: skip
+    assert old == from_dict(to_dict(replace(topology, nodes=unshared)))
+
+
+def _unshared(status: DeviceStatus | None) -> DeviceStatus | None:
+    return None if status is None else replace(status, replicas=())
 
 
 def test_duplicate_gpu_and_mig_ids_name_where_they_were_first_seen() -> None:

@@ -1,0 +1,328 @@
+"""GPU sharing: time-slicing and MPS replicas from the device plugin's labels, spread over the GPUs
+as the plugin spreads them, and served as dcgm-exporter serves a shared GPU, in both its modes.
+
+Golden: a shared GPU's series are the real whole-GPU (and MIG) dumps' series, byte for byte in
+their HELP, TYPE, order and labels, with the sharing pods' labels and, in virtual-GPU mode, one
+copy per replica held with `vgpu` after the pod labels. Expected placements follow the plugin's
+rule written out here (fewest replicas taken first, oldest pod first), not the code's output.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import SAMPLES, run_cli
+from promtext import Series, by_name, parse
+from test_golden import masked, real
+from test_static import (
+    MIG_LABEL_NAMES,
+    pod,
+    real_node_static,
+    render,
+    write,
+)
+
+from status_updater.reconcile import pod_key
+from status_updater.state import ClusterState, reconcile
+from topology.errors import TopologyError
+from topology.model import Sharing
+from topology.sharing import parse_sharing
+
+WHOLE = yaml.safe_load((SAMPLES / "whole-gpu" / "a100-40gb-mig-disabled.yaml").read_text())
+NODE = WHOLE["metadata"]["name"]
+WHOLE_DUMP = real("a100-40gb-mig-disabled.prom")
+MIG_DUMP = real("a100-40gb-active-2x1g.5gb-1x2g.10gb.prom")
+# What pods sharing a GPU change: its memory, load, clock (besides what moves in time anyway).
+LOAD = frozenset({"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL",
+                  "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_SM_CLOCK"})  # fmt: skip
+FB_MIB = 40384  # the A100-40GB's usable memory (FB_USED + FB_FREE of the idle dump)
+_EMPTY_POD = 'container="",namespace="",pod=""'
+
+
+def shared(node: dict[str, Any], strategy: str, replicas: int = 4, *, resource: str = "gpu",
+           renamed: bool = False) -> dict[str, Any]:  # fmt: skip
+    """The node as GFD labels it with the device plugin's sharing configured."""
+    node = copy.deepcopy(node)
+    labels = node["metadata"]["labels"]
+    labels[f"nvidia.com/{resource}.replicas"] = str(replicas)
+    labels[f"nvidia.com/{resource}.sharing-strategy"] = strategy
+    if not renamed:
+        labels["nvidia.com/gpu.product"] += "-SHARED"
+    return node
+
+
+def sharing_pod(name: str, created: str, fb: int, util: int, *, node: str = NODE,
+                resource: str = "nvidia.com/gpu", count: int = 1) -> dict[str, Any]:  # fmt: skip
+    return pod(name, node, created, {"main": {resource: str(count)}}, annotations={
+        "run.ai/simulated-fb-used": str(fb), "run.ai/simulated-gpu-utilization": str(util)})  # fmt: skip
+
+
+def served(tmp_path: Path, node: dict[str, Any], pods: list[dict[str, Any]],
+           *flags: str) -> tuple[str, list[str]]:  # fmt: skip
+    """What the exporter serves for the node (with `flags`), and the updater's warnings."""
+    nodes = write(tmp_path / "nodes.yaml", node)
+    pod_file = write(tmp_path / "pods.yaml", *pods) if pods else None
+    rendered = render([nodes], [pod_file] if pod_file else None)
+    cm = tmp_path / "cm.yaml"
+    cm.write_text(rendered.stdout)
+    name = node["metadata"]["name"]
+    out = run_cli("exporter", "--topology-file", str(cm), "--node-name", name, "--once", *flags)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    return out.stdout, rendered.warnings
+
+
+def with_pod(line: str, container: str, namespace: str, pod_name: str, vgpu: int | None) -> str:
+    """A real dump's series line as it reads with a pod (and a replica) named."""
+    labels = f'container="{container}",namespace="{namespace}",pod="{pod_name}"'
+    if vgpu is not None:
+        labels += f',vgpu="{vgpu}"'
+    assert _EMPTY_POD in line
+    return line.replace(_EMPTY_POD, labels)
+
+
+def expected(dump: str, holders: list[tuple[str, int | None]]) -> str:
+    """The dump with each series line once per (pod, replica) in `holders`, as dcgm-exporter
+    copies it; comment lines as they are."""
+    out = []
+    for line in dump.splitlines():
+        if line.startswith("#") or not line:
+            out.append(line)
+            continue
+        out += [with_pod(line, "main", "team", name, vgpu) for name, vgpu in holders]
+    return "\n".join(out) + "\n"
+
+
+def value(series: list[Series], name: str) -> set[float]:
+    return {s.value for s in by_name(series, name)}
+
+
+# --- labels ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("labels", "sharing"),
+    [
+        ({"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"},
+         Sharing("time-slicing", 4)),
+        ({"nvidia.com/gpu.replicas": "3", "nvidia.com/gpu.sharing-strategy": "mps"},
+         Sharing("mps", 3)),
+        ({"nvidia.com/gpu.replicas": "2"}, Sharing("time-slicing", 2)),  # GFD before strategies
+        ({"nvidia.com/gpu.replicas": "0"}, None),  # the real node's label: nothing shared
+        ({"nvidia.com/gpu.replicas": "1", "nvidia.com/gpu.sharing-strategy": "none"}, None),
+        ({"nvidia.com/gpu.replicas": "8", "nvidia.com/gpu.sharing-strategy": "none"}, None),
+        ({"nvidia.com/mig-1g.5gb.replicas": "2", "nvidia.com/mig-2g.10gb.replicas": "3",
+          "nvidia.com/mig-2g.10gb.sharing-strategy": "time-slicing"},
+         Sharing("time-slicing", 3)),  # the largest count of the node's shared resources
+        ({"example.com/gpu.replicas": "4"}, None),  # not NVIDIA's
+    ],
+)  # fmt: skip
+def test_sharing_is_read_from_gfd_labels(labels: dict[str, str], sharing: Sharing | None) -> None:
+    assert parse_sharing(labels, "node n") == sharing
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"),
+    [
+        ({"nvidia.com/gpu.replicas": "four"},
+         "node n: metadata.labels[nvidia.com/gpu.replicas]: expected 0 to 1024, got 'four'"),
+        ({"nvidia.com/gpu.replicas": "99999"},
+         "node n: metadata.labels[nvidia.com/gpu.replicas]: expected 0 to 1024, got '99999'"),
+        ({"nvidia.com/gpu.replicas": "2", "nvidia.com/gpu.sharing-strategy": "fair"},
+         "node n: metadata.labels[nvidia.com/gpu.sharing-strategy]: must be time-slicing, mps "
+         "or none, got 'fair'"),
+    ],
+)  # fmt: skip
+def test_a_bad_sharing_label_is_one_line_naming_it(labels: dict[str, str], message: str) -> None:
+    with pytest.raises(TopologyError) as e:
+        parse_sharing(labels, "node n")
+    assert str(e.value) == message
+
+
+def test_a_bad_sharing_label_is_its_nodes_problem_only() -> None:
+    bad = shared(WHOLE, "time-slicing")
+    bad["metadata"]["labels"]["nvidia.com/gpu.replicas"] = "-1"
+    good = shared(WHOLE, "time-slicing")
+    good["metadata"]["name"] = "other"
+    topology, warnings = reconcile([bad, good], [])
+    assert set(topology.nodes) == {"other"}
+    assert [str(w) for w in warnings] == [
+        f"node {NODE}: metadata.labels[nvidia.com/gpu.replicas]: expected 0 to 1024, got '-1'"
+    ]
+
+
+# --- placement ---------------------------------------------------------------------------------
+
+
+def two_gpu_node(replicas: int, strategy: str = "time-slicing", name: str = "n2") -> dict[str, Any]:
+    node = shared(WHOLE, strategy, replicas)
+    node["metadata"]["name"] = name
+    node["metadata"]["labels"]["nvidia.com/gpu.count"] = "2"
+    return node
+
+
+def placement(topology: Any, name: str = "n2") -> list[list[tuple[int, str]]]:
+    """Per GPU: (replica, pod) held, by replica."""
+    return [[(r.index, r.holder.pod) for r in (g.status.replicas if g.status else ())]
+            for g in topology.nodes[name].gpus]  # fmt: skip
+
+
+def test_replicas_spread_over_the_least_loaded_gpu_oldest_pod_first() -> None:
+    # Six pods, created p0 … p5, listed in another order: the oldest is placed first, each on
+    # the GPU with the fewest replicas taken (the lower index on a tie), in its lowest free one.
+    pods = [sharing_pod(f"p{i}", f"2026-01-01T00:00:0{i}Z", 1000, 10, node="n2")
+            for i in (3, 0, 5, 1, 4, 2)]  # fmt: skip
+    topology, warnings = reconcile([two_gpu_node(4)], pods)
+    assert warnings == []
+    assert placement(topology) == [[(0, "p0"), (1, "p2"), (2, "p4")],
+                                   [(0, "p1"), (1, "p3"), (2, "p5")]]  # fmt: skip
+    # A pod asking for more replicas than are free gets none; the others keep theirs.
+    greedy = sharing_pod("greedy", "2026-01-01T00:01:00Z", 1000, 10, node="n2", count=3)
+    topology, warnings = reconcile([two_gpu_node(4)], [*pods, greedy])
+    assert [str(w) for w in warnings] == [
+        "pod team/greedy: spec.containers[0].resources.limits[nvidia.com/gpu]: asks for 3 GPU "
+        "replicas, node n2 has 2 free"
+    ]
+    assert placement(topology)[0] == [(0, "p0"), (1, "p2"), (2, "p4")]
+
+
+def test_a_pod_asking_for_two_replicas_gets_them_on_two_gpus() -> None:
+    pods = [sharing_pod("two", "2026-01-01T00:00:00Z", 1000, 10, node="n2", count=2)]
+    topology, _ = reconcile([two_gpu_node(4)], pods)
+    assert placement(topology) == [[(0, "two")], [(0, "two")]]
+
+
+def test_a_pod_keeps_its_replica_and_the_named_pod_stays_while_it_lives() -> None:
+    node = two_gpu_node(4)
+    pods = [sharing_pod(f"p{i}", f"2026-01-01T00:00:0{i}Z", 1000, 10, node="n2") for i in range(4)]
+    state_topology, _ = reconcile([node], pods)
+    assert placement(state_topology) == [[(0, "p0"), (1, "p2")], [(0, "p1"), (1, "p3")]]
+    # p0 ends and p9 arrives (older by its timestamp, but new to the node): p2 keeps replica 1,
+    # p9 takes the free replica 0, and the GPU still names p2, which has shared it longest.
+    state = ClusterState()
+    state.set_node(node)
+    for p in pods:
+        state.set_pod(p)
+    state.settle()
+    state.delete_pod(pod_key(pods[0]))
+    state.set_pod(sharing_pod("p9", "2025-12-31T00:00:00Z", 1000, 10, node="n2"))
+    state.settle()
+    topology = state.topology()
+    assert placement(topology) == [[(0, "p9"), (1, "p2")], [(0, "p1"), (1, "p3")]]
+    status = topology.nodes["n2"].gpus[0].status
+    assert status is not None and status.allocated_by is not None
+    assert status.allocated_by.pod == "p2"
+
+
+def test_mps_caps_each_pods_memory_and_time_slicing_does_not(tmp_path: Path) -> None:
+    share = FB_MIB // 4  # the MPS control daemon's pinned memory limit per client
+    pods = [sharing_pod("big", "2026-01-01T00:00:00Z", share + 1, 10),
+            sharing_pod("small", "2026-01-01T00:00:01Z", share, 10)]  # fmt: skip
+    text, warnings = served(tmp_path, shared(WHOLE, "mps"), pods)
+    assert warnings == [
+        f"pod team/big: metadata.annotations[run.ai/simulated-fb-used]: {share + 1} MiB does "
+        f"not fit the device's {share} MiB"
+    ]
+    default = int(share * 0.9)  # the pod's fair share, used in part, as any pod's default
+    assert value(parse(text), "DCGM_FI_DEV_FB_USED") == {default + share}
+    text, warnings = served(tmp_path, shared(WHOLE, "time-slicing"), pods)
+    assert warnings == []  # memory is not isolated: one pod may take most of it
+    assert value(parse(text), "DCGM_FI_DEV_FB_USED") == {2 * share + 1}
+
+
+# --- golden: the real dumps, shared --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["time-slicing", "mps"])
+@pytest.mark.parametrize("virtual", [False, True], ids=["default", "virtual-gpus"])
+def test_a_shared_gpu_nobody_uses_is_the_real_dump(
+    tmp_path: Path, strategy: str, virtual: bool
+) -> None:
+    flags = ["--kubernetes-virtual-gpus"] if virtual else []
+    text, warnings = served(tmp_path, shared(WHOLE, strategy), [], *flags)
+    assert warnings == []
+    assert masked(text) == masked(WHOLE_DUMP)  # the device series stays, no vgpu
+
+
+@pytest.mark.parametrize("strategy", ["time-slicing", "mps"])
+@pytest.mark.parametrize("virtual", [False, True], ids=["default", "virtual-gpus"])
+def test_a_gpu_shared_by_three_pods(tmp_path: Path, strategy: str, virtual: bool) -> None:
+    pods = [sharing_pod("a", "2026-01-01T00:00:00Z", 3000, 50),
+            sharing_pod("c", "2026-01-01T00:00:02Z", 1000, 40),
+            sharing_pod("b", "2026-01-01T00:00:01Z", 2000, 30)]  # fmt: skip
+    flags = ["--kubernetes-virtual-gpus"] if virtual else []
+    text, warnings = served(tmp_path, shared(WHOLE, strategy), pods, *flags)
+    assert warnings == []
+    # Default mode: the GPU's one series names the pod that shares it longest (the oldest);
+    # virtual-GPU mode: one copy per pod, by replica, the oldest pod in replica 0.
+    holders: list[tuple[str, int | None]] = (
+        [("a", 0), ("b", 1), ("c", 2)] if virtual else [("a", None)]
+    )
+    assert masked(text, LOAD) == masked(expected(WHOLE_DUMP, holders), LOAD)
+    # The GPU is one device: its memory is the pods' sum, its load theirs, capped at 100 %.
+    series = parse(text)
+    assert value(series, "DCGM_FI_DEV_FB_USED") == {6000}
+    assert value(series, "DCGM_FI_DEV_FB_FREE") == {FB_MIB - 6000}
+    assert value(series, "DCGM_FI_DEV_GPU_UTIL") == {100}
+
+
+@pytest.mark.parametrize("virtual", [False, True], ids=["default", "virtual-gpus"])
+def test_time_slicing_on_static_mig_instances(tmp_path: Path, virtual: bool) -> None:
+    # The real node as the GPU operator runs it, two 3g.20gb instances, each time-sliced twice.
+    node = shared(real_node_static("all-3g.20gb"), "time-slicing", 2, resource="mig-3g.20gb")
+    pods = [sharing_pod(f"p{i}", f"2026-01-01T00:00:0{i}Z", 1000 * (i + 1), 10,
+                        resource="nvidia.com/mig-3g.20gb") for i in range(3)]  # fmt: skip
+    flags = ["--kubernetes-virtual-gpus"] if virtual else []
+    text, warnings = served(tmp_path, node, pods, *flags)
+    assert warnings == []
+    series = parse(text)
+    fb = by_name(series, "DCGM_FI_DEV_FB_USED")
+    # p0 and p2 share the first instance (the lower GI id), p1 has the second to itself.
+    gis = sorted({int(s.label("GPU_I_ID")) for s in fb})
+    assert len(gis) == 2
+    pods_on = {(s.label("GPU_I_ID"), s.label("pod"), dict(s.labels).get("vgpu")) for s in fb}
+    if virtual:
+        assert pods_on == {(str(gis[0]), "p0", "0"), (str(gis[0]), "p2", "1"),
+                           (str(gis[1]), "p1", "0")}  # fmt: skip
+    else:
+        assert pods_on == {(str(gis[0]), "p0", None), (str(gis[1]), "p1", None)}
+    assert {s.label("GPU_I_ID"): s.value for s in fb} == {str(gis[0]): 4000, str(gis[1]): 2000}
+    # Each series as a real MIG instance's: its label names in order (and `vgpu` last), the
+    # real dump's families in its order.
+    names = MIG_LABEL_NAMES + (("vgpu",) if virtual else ())
+    assert {s.label_names for s in series if "GPU_I_ID" in s.label_names} == {names}
+    assert list(dict.fromkeys(s.name for s in series)) == list(
+        dict.fromkeys(s.name for s in parse(MIG_DUMP))
+    )
+
+
+def test_the_renamed_resource_is_shared_the_same_way(tmp_path: Path) -> None:
+    node = shared(WHOLE, "time-slicing", renamed=True)
+    node["status"] = {"allocatable": {"nvidia.com/gpu.shared": "4"}}
+    pods = [
+        sharing_pod("a", "2026-01-01T00:00:00Z", 3000, 50, resource="nvidia.com/gpu.shared"),
+        sharing_pod("b", "2026-01-01T00:00:01Z", 2000, 30, resource="nvidia.com/gpu.shared"),
+    ]
+    text, warnings = served(tmp_path, node, pods, "--kubernetes-virtual-gpus")
+    assert warnings == []
+    fb = by_name(parse(text), "DCGM_FI_DEV_FB_USED")
+    assert [(s.label("pod"), s.label("vgpu"), s.value) for s in fb] == [
+        ("a", "0", 5000),
+        ("b", "1", 5000),
+    ]
+    assert {s.label("modelName") for s in fb} == {"NVIDIA A100-SXM4-40GB"}  # no -SHARED
+
+
+def test_the_written_topology_says_who_holds_each_replica(tmp_path: Path) -> None:
+    pods = [sharing_pod("a", "2026-01-01T00:00:00Z", 3000, 50)]
+    rendered = render([write(tmp_path / "n.yaml", shared(WHOLE, "mps", 3))],
+                      [write(tmp_path / "p.yaml", *pods)])  # fmt: skip
+    entry = rendered.nodes[NODE]
+    assert entry["sharing"] == {"strategy": "mps", "replicas": 3}
+    assert entry["gpu-product"] == "NVIDIA-A100-SXM4-40GB"
+    assert entry["gpus"][0]["status"]["replicas"] == [
+        {"replica": 0, "namespace": "team", "pod": "a", "container": "main", "pod-uid": "uid-a"}
+    ]
