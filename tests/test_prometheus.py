@@ -5,9 +5,10 @@ The queries are the ones Kruize, Grafana's DCGM dashboard (12239) and the OpenSh
 Targets carry `namespace`/`pod`/`container` target labels like a ServiceMonitor's, with
 honor_labels false, so the exporter's own pod labels arrive as `exported_*`.
 
-Four exporters: the sample MIG node as run:ai leaves it (no pod labels), a whole GPU with a pod,
+Exporters: the sample MIG node as run:ai leaves it (no pod labels), a whole GPU with a pod,
 a second MIG node served with --mig-pod-labels, whose instances name their pods, and a static-MIG
-node of the GPU operator (samples/mig/static), whose instances name their pods as dcgm-exporter's.
+node of the GPU operator (samples/mig/static), whose instances name their pods as dcgm-exporter's;
+and a fifth: a whole GPU time-sliced between two pods, served with --kubernetes-virtual-gpus.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ MIG_NODE = "qa-mig-worker-gpu-a100"
 WHOLE_NODE = "a100-whole"  # the sampled machine with MIG disabled, as a second node
 PODS_NODE = "a100-mig-pods"
 STATIC_NODE = "a100-40gb-static"  # samples/mig/static: all-balanced on 2 GPUs, two pods
+SHARED_NODE = "a100-shared"  # the whole GPU time-sliced, two pods, --kubernetes-virtual-gpus
 
 
 def whole_gpu_topology(tmp_path: Path) -> Path:
@@ -63,6 +65,34 @@ def whole_gpu_topology(tmp_path: Path) -> Path:
     )
     assert rendered.returncode == 0, rendered.stderr
     path = tmp_path / "whole.yaml"
+    path.write_text(rendered.stdout)
+    return path
+
+
+def shared_gpu_topology(tmp_path: Path) -> Path:
+    """The sampled machine's GPU time-sliced four ways, two inference pods sharing it."""
+    node = yaml.safe_load((SAMPLES / "whole-gpu" / "a100-40gb-mig-disabled.yaml").read_text())
+    node["metadata"]["name"] = SHARED_NODE
+    node["metadata"]["labels"] |= {"nvidia.com/gpu.replicas": "4",
+                                   "nvidia.com/gpu.sharing-strategy": "time-slicing",
+                                   "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-SHARED"}  # fmt: skip
+    pods = [
+        {"kind": "Pod",
+         "metadata": {"name": f"infer-{x}", "namespace": "share", "uid": f"uid-infer-{x}",
+                      "creationTimestamp": f"2026-01-01T00:00:0{i}Z",
+                      "annotations": {"run.ai/simulated-gpu-utilization": "30",
+                                      "run.ai/simulated-fb-used": "4000"}},
+         "spec": {"nodeName": SHARED_NODE, "containers": [
+             {"name": f"infer-{x}", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+         "status": {"phase": "Running"}}
+        for i, x in enumerate("ab")
+    ]  # fmt: skip
+    (tmp_path / "shared-node.yaml").write_text(yaml.safe_dump(node))
+    (tmp_path / "shared-pods.yaml").write_text(yaml.safe_dump({"kind": "List", "items": pods}))
+    rendered = run_cli("status_updater", "render", "--nodes", str(tmp_path / "shared-node.yaml"),
+                       "--pods", str(tmp_path / "shared-pods.yaml"))  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    path = tmp_path / "shared.yaml"
     path.write_text(rendered.stdout)
     return path
 
@@ -103,7 +133,9 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     exporters = (("mig", MIG_NODE, SAMPLES / "topology" / "a100-40gb-active.yaml", []),
                  ("whole", WHOLE_NODE, whole_gpu_topology(tmp_path), []),
                  ("migpods", PODS_NODE, pods_node_topology(tmp_path), ["--mig-pod-labels"]),
-                 ("static", STATIC_NODE, static_topology(tmp_path), []))  # fmt: skip
+                 ("static", STATIC_NODE, static_topology(tmp_path), []),
+                 ("shared", SHARED_NODE, shared_gpu_topology(tmp_path),
+                  ["--kubernetes-virtual-gpus"]))  # fmt: skip
     for name, node, topology, flags in exporters:
         port = free_port()
         procs.append(start([sys.executable, "-m", "exporter", "--topology-file", str(topology), "--node-name", node,
@@ -243,6 +275,20 @@ def test_kruize_detects_the_whole_gpu_through_memory_copy_utilization(prometheus
     assert 0 < float(result["value"][1]) < utilization
 
 
+def test_kruize_finds_each_pod_sharing_a_gpu(prometheus: str) -> None:
+    """Virtual-GPU mode: Kruize's per-container query finds both pods on the one GPU, each
+    with the GPU's values (its load, capped, and its memory: the pods' sum)."""
+    promql = ('avg by (Hostname,device,modelName,UUID,exported_container,exported_namespace) '
+              '(avg_over_time(DCGM_FI_DEV_GPU_UTIL{exported_namespace="share"}[1m]))')  # fmt: skip
+    results = eventually(lambda: (r := query(prometheus, promql)) and len(r) == 2 and r, timeout=20)
+    assert {r["metric"]["exported_container"] for r in results} == {"infer-a", "infer-b"}
+    assert len({r["metric"]["UUID"] for r in results}) == 1
+    assert {float(r["value"][1]) for r in results} == {60.0}  # 30 % + 30 %
+    fb = query(prometheus, 'DCGM_FI_DEV_FB_USED{exported_namespace="share"}')
+    assert {(r["metric"]["exported_pod"], r["metric"]["vgpu"], float(r["value"][1])) for r in fb} == {
+        ("infer-a", "0", 8000.0), ("infer-b", "1", 8000.0)}  # fmt: skip
+
+
 def label_values(url: str, selector: str, label: str) -> list[str]:
     """What Grafana's `label_values(selector, label)` lists."""
     params = urllib.parse.urlencode({"match[]": selector})
@@ -254,7 +300,7 @@ def label_values(url: str, selector: str, label: str) -> list[str]:
 
 def test_grafana_12239_variables_and_panels_have_data(prometheus: str) -> None:
     instances = eventually(lambda: label_values(prometheus, "DCGM_FI_DEV_GPU_TEMP", "instance"))
-    assert len(instances) == 4  # every exporter, MIG or not
+    assert len(instances) == 5  # every exporter, MIG or not
     assert label_values(prometheus, "DCGM_FI_DEV_GPU_TEMP", "gpu") == ["0", "1"]  # static: 2
     chosen = f'instance=~"{"|".join(instances)}", gpu=~"0"'
     panels = {
@@ -315,7 +361,7 @@ def test_energy_counter_rate_is_the_power(prometheus: str) -> None:
     drawn = values(
         query(prometheus, f"max by (Hostname) (avg_over_time({power}[1m])) * 1000"), "Hostname"
     )
-    assert rate.keys() == drawn.keys() and len(rate) == 4
+    assert rate.keys() == drawn.keys() and len(rate) == 5
     for host, mw in rate.items():
         assert mw > 0
         assert mw == pytest.approx(drawn[host], rel=0.2), host
