@@ -16,8 +16,11 @@ from typing import Any
 import pytest
 import yaml
 from conftest import SAMPLES, run_cli
+from kubeapi import eventually
 from promtext import Series, by_name, parse
+from test_cli import get
 from test_golden import masked, real
+from test_live import running
 from test_static import (
     MIG_LABEL_NAMES,
     pod,
@@ -326,3 +329,48 @@ def test_the_written_topology_says_who_holds_each_replica(tmp_path: Path) -> Non
     assert entry["gpus"][0]["status"]["replicas"] == [
         {"replica": 0, "namespace": "team", "pod": "a", "container": "main", "pod-uid": "uid-a"}
     ]
+
+
+# --- live: the daemons on the emulated API -------------------------------------------------------
+
+
+def test_live_four_replicas_six_pods_spread_and_per_pod_series(tmp_path: Path) -> None:
+    node = two_gpu_node(4, name="gpu-share")
+    node["metadata"].pop("creationTimestamp", None)
+    node["metadata"].pop("resourceVersion", None)
+    node["metadata"].pop("uid", None)
+    node.pop("status", None)
+    with running(tmp_path) as d:
+        d.updater()
+        url = d.exporter("--node-name", "gpu-share", "--kubernetes-virtual-gpus")
+        d.kube.create("nodes", node)
+        for i in (2, 0, 5, 3, 1, 4):  # created out of age order
+            d.kube.create("pods", sharing_pod(f"p{i}", f"2026-01-01T00:00:0{i}Z", 1000 * (i + 1),
+                                              10, node="gpu-share"), namespace="team")  # fmt: skip
+
+        def served_pods() -> dict[str, list[tuple[str, str]]]:
+            series = by_name(parse(get(f"{url}/metrics")[1].split("# HELP mig_")[0]),
+                             "DCGM_FI_DEV_FB_USED")  # fmt: skip
+            out: dict[str, list[tuple[str, str]]] = {}
+            for s in series:
+                out.setdefault(s.label("gpu"), []).append((s.label("vgpu"), s.label("pod")))
+            return out
+
+        # The spread the device plugin makes: oldest pod first, on the GPU with fewer taken.
+        want = {"0": [("0", "p0"), ("1", "p2"), ("2", "p4")],
+                "1": [("0", "p1"), ("1", "p3"), ("2", "p5")]}  # fmt: skip
+        eventually(lambda: served_pods() == want, timeout=30)
+        cm = d.kube.find("configmaps", "topology-gpu-share", "gpu-operator")
+        entry = yaml.safe_load(cm["data"]["topology.yml"])["nodes"]["gpu-share"]
+        assert entry["sharing"] == {"strategy": "time-slicing", "replicas": 4}
+        # Each pod's series has the GPU's values: its memory is the sum of its pods'.
+        series = by_name(parse(get(f"{url}/metrics")[1].split("# HELP mig_")[0]),
+                         "DCGM_FI_DEV_FB_USED")  # fmt: skip
+        assert {(s.label("gpu"), s.value) for s in series} == {
+            ("0", 1000 + 3000 + 5000),
+            ("1", 2000 + 4000 + 6000),
+        }
+        # p0 ends: its replica goes, the others keep theirs.
+        d.kube.delete("pods", "p0", namespace="team")
+        want["0"] = [("1", "p2"), ("2", "p4")]
+        eventually(lambda: served_pods() == want, timeout=30)
