@@ -10,6 +10,7 @@ rule written out here (fewest replicas taken first, oldest pod first), not the c
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,11 @@ from test_static import (
     write,
 )
 
-from status_updater.reconcile import pod_key
+from exporter.cli import parser
+from status_updater.reconcile import allocate, build_node, pod_key
 from status_updater.state import ClusterState, reconcile
 from topology.errors import TopologyError
-from topology.model import Sharing
+from topology.model import Sharing, Topology, dump_yaml, load_yaml
 from topology.sharing import parse_sharing
 
 WHOLE = yaml.safe_load((SAMPLES / "whole-gpu" / "a100-40gb-mig-disabled.yaml").read_text())
@@ -374,3 +376,24 @@ def test_live_four_replicas_six_pods_spread_and_per_pod_series(tmp_path: Path) -
         d.kube.delete("pods", "p0", namespace="team")
         want["0"] = [("1", "p2"), ("2", "p4")]
         eventually(lambda: served_pods() == want, timeout=30)
+
+
+def test_replicas_held_before_a_restart_are_kept() -> None:
+    # What the updater wrote before it restarted: p1 on GPU 0, p0 on GPU 1, the reverse of what
+    # a fresh start would choose. Read back, it is what the pods keep.
+    node = two_gpu_node(4)
+    pods = [sharing_pod(f"p{i}", f"2026-01-01T00:00:0{i}Z", 1000, 10, node="n2") for i in range(2)]
+    fresh, _ = reconcile([node], pods)
+    gpu0, gpu1 = fresh.nodes["n2"].gpus
+    written = replace(fresh.nodes["n2"], gpus=(replace(gpu0, status=gpu1.status),
+                                               replace(gpu1, status=gpu0.status)))  # fmt: skip
+    remembered = load_yaml(dump_yaml(Topology(nodes={"n2": written}))).nodes["n2"]
+    built = build_node(node)
+    again = allocate("n2", built, pods, [], previous=remembered)
+    assert placement(Topology(nodes={"n2": again})) == [[(0, "p1")], [(0, "p0")]]
+
+
+def test_virtual_gpus_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not parser().parse_args(["--node-name", "n"]).kubernetes_virtual_gpus
+    monkeypatch.setenv("KUBERNETES_VIRTUAL_GPUS", "true")
+    assert parser().parse_args(["--node-name", "n"]).kubernetes_virtual_gpus
