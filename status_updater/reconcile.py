@@ -31,7 +31,13 @@ from topology.model import (
     Replica,
     Topology,
 )
-from topology.sharing import base_resource, parse_sharing
+from topology.sharing import (
+    SHARED_GPU_RESOURCE,
+    SHARED_SUFFIX,
+    base_resource,
+    parse_sharing,
+    shared_by_allocatable,
+)
 from topology.validate import node_errors
 
 Obj = Mapping[str, Any]
@@ -164,14 +170,15 @@ def _sharing_labels(meta: Mapping[str, Any]) -> dict[str, str]:
 
 def _advertised_migs(node: Obj) -> dict[str, str]:
     """The `nvidia.com/mig-<profile>` resources the device plugin advertises (allocatable, or
-    capacity where a simulated node sets only that)."""
+    capacity where a simulated node sets only that), and the renamed shared `nvidia.com/gpu.shared`."""
     status = node.get("status")
     status = status if isinstance(status, Mapping) else {}
     for key in ("allocatable", "capacity"):
         found = {
             k: str(v)
             for k, v in _strings(status.get(key)).items()
-            if isinstance(k, str) and k.startswith(runai.MIG_RESOURCE_PREFIX)
+            if isinstance(k, str)
+            and (k.startswith(runai.MIG_RESOURCE_PREFIX) or k == SHARED_GPU_RESOURCE)
         }
         if found:
             return found
@@ -244,7 +251,9 @@ def build_node(
     )
     sharing = None
     if not labels.is_dynamic_mig_enabled:  # run:ai's dynamic MIG shares by its own fractions
-        sharing = parse_sharing(_strings(meta.get("labels")), obj)
+        sharing = parse_sharing(_strings(meta.get("labels")), obj) or shared_by_allocatable(
+            _advertised_migs(node), gpu_count
+        )
     if static is not None:
         gpus = _static_gpus(name, model, static)
         memory = labels.gpu_memory
@@ -389,6 +398,11 @@ def _advertised(
     else:
         totals = {}
         for resource, value in _advertised_migs(node).items():
+            # A shared profile's count is its instances times their replicas: not a layout.
+            if resource.endswith(SHARED_SUFFIX) or not resource.startswith(
+                runai.MIG_RESOURCE_PREFIX
+            ):
+                continue
             if _QUANTITY.fullmatch(value) and int(value) > 0:
                 totals[resource.removeprefix(runai.MIG_RESOURCE_PREFIX)] = int(value)
         gpus = labelled

@@ -397,3 +397,20 @@ def test_virtual_gpus_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     assert not parser().parse_args(["--node-name", "n"]).kubernetes_virtual_gpus
     monkeypatch.setenv("KUBERNETES_VIRTUAL_GPUS", "true")
     assert parser().parse_args(["--node-name", "n"]).kubernetes_virtual_gpus
+
+
+def test_a_node_advertising_only_the_shared_resource_is_shared() -> None:
+    # A simulated node without GFD's labels: 8 `nvidia.com/gpu.shared` on 2 GPUs are 4 each.
+    node = copy.deepcopy(WHOLE)
+    node["metadata"]["name"] = "n2"
+    node["metadata"]["labels"]["nvidia.com/gpu.count"] = "2"
+    node["status"] = {"allocatable": {"nvidia.com/gpu.shared": "8"}}
+    pods = [sharing_pod(f"p{i}", f"2026-01-01T00:00:0{i}Z", 1000, 10, node="n2",
+                        resource="nvidia.com/gpu.shared") for i in range(3)]  # fmt: skip
+    topology, warnings = reconcile([node], pods)
+    assert warnings == []
+    assert topology.nodes["n2"].sharing == Sharing("time-slicing", 4)
+    assert placement(topology) == [[(0, "p0"), (1, "p2")], [(0, "p1")]]
+    node["status"] = {"allocatable": {"nvidia.com/gpu.shared": "2"}}  # one each: not shared
+    topology, _ = reconcile([node], [])
+    assert topology.nodes["n2"].sharing is None

@@ -23,6 +23,7 @@ from topology.model import SHARING_STRATEGIES, Sharing
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 SHARED_SUFFIX = ".shared"  # the renamed resource
+SHARED_GPU_RESOURCE = GPU_RESOURCE + SHARED_SUFFIX
 SHARED_PRODUCT_SUFFIX = "-SHARED"
 LABEL_MPS_CAPABLE = "nvidia.com/mps.capable"
 MAX_REPLICAS = 1024  # far above any real configuration; bounds what one label can make us hold
@@ -65,6 +66,16 @@ def parse_sharing(labels: Mapping[str, str], obj: str) -> Sharing | None:
         if found is None or int(text) > found.replicas:
             found = Sharing(strategy, int(text))
     return found
+
+
+def shared_by_allocatable(allocatable: Mapping[str, str], gpus: int) -> Sharing | None:
+    """A node without GFD's sharing labels (a simulated one) that advertises the renamed
+    `nvidia.com/gpu.shared`: its replicas per GPU are what it advertises over its GPU count.
+    The strategy is not advertised; time-slicing is the plugin's usual one."""
+    text = allocatable.get(SHARED_GPU_RESOURCE, "")
+    if not text.isdigit() or gpus <= 0 or int(text) // gpus < 2:
+        return None
+    return Sharing("time-slicing", min(int(text) // gpus, MAX_REPLICAS))
 
 
 def base_resource(resource: str) -> str:
