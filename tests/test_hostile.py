@@ -47,11 +47,11 @@ def documents(path: Path) -> list[dict[str, Any]]:
 
 
 def sample_cluster() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every sample node (dynamic, static, single, whole-GPU) and pod, plus two whole-GPU pods
+    """Every sample node (dynamic, static, single, whole-GPU, shared) and pod, plus two whole-GPU pods
     on each node (on MIG nodes they find nothing to take, which is a warning)."""
     objects = [
         o
-        for folder in ("nodes", "static/nodes", "pods", "static/pods")
+        for folder in ("nodes", "static/nodes", "pods", "static/pods", "sharing")
         for path in sorted((SAMPLES / folder).glob("*.yaml"))
         for o in documents(path)
     ]

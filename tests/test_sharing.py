@@ -36,6 +36,7 @@ from status_updater.state import ClusterState, reconcile
 from topology.errors import TopologyError
 from topology.model import Sharing, Topology, dump_yaml, load_yaml
 from topology.sharing import parse_sharing
+from topology.validate import errors
 
 WHOLE = yaml.safe_load((SAMPLES / "whole-gpu" / "a100-40gb-mig-disabled.yaml").read_text())
 NODE = WHOLE["metadata"]["name"]
@@ -414,3 +415,33 @@ def test_a_node_advertising_only_the_shared_resource_is_shared() -> None:
     node["status"] = {"allocatable": {"nvidia.com/gpu.shared": "2"}}  # one each: not shared
     topology, _ = reconcile([node], [])
     assert topology.nodes["n2"].sharing is None
+
+
+def test_replicas_a_topology_lists_are_checked() -> None:
+    def doc(sharing: str) -> str:
+        return f"""
+nodes:
+  n:
+    gpu-count: 1
+    gpu-memory: 40960
+    gpu-product: NVIDIA-A100-SXM4-40GB
+    {sharing}
+    gpus:
+    - id: GPU-1
+      status:
+        replicas:
+        - {{replica: 2, namespace: t, pod: a, container: c, pod-uid: u1}}
+        - {{replica: 0, namespace: t, pod: b, container: c, pod-uid: u2}}
+        - {{replica: 0, namespace: t, pod: c, container: c, pod-uid: u3}}
+"""
+
+    assert [str(e) for e in errors(load_yaml(doc("sharing: {strategy: mps, replicas: 2}")))] == [
+        "node n: gpus[0].status.replicas[0].replica: is 2, the node shares each device 2 ways",
+        "node n: gpus[0].status.replicas[2].replica: replica 0 is listed twice",
+    ]
+    unshared = [str(e) for e in errors(load_yaml(doc("")))]
+    assert unshared[0] == "node n: gpus[0].status.replicas[0].replica: the node does not share GPUs"
+    bad = load_yaml(doc("sharing: {strategy: fair, replicas: 2}"))
+    assert [str(e) for e in bad.invalid.values()] == [
+        "topology: nodes.n.sharing.strategy: must be one of time-slicing, mps, got 'fair'"
+    ]
