@@ -36,6 +36,7 @@ from status_updater.state import ClusterState, reconcile
 from topology.errors import TopologyError
 from topology.model import Sharing, Topology, dump_yaml, load_yaml
 from topology.sharing import parse_sharing
+from topology.show import picture
 from topology.validate import errors
 
 WHOLE = yaml.safe_load((SAMPLES / "whole-gpu" / "a100-40gb-mig-disabled.yaml").read_text())
@@ -445,3 +446,12 @@ nodes:
     assert [str(e) for e in bad.invalid.values()] == [
         "topology: nodes.n.sharing.strategy: must be one of time-slicing, mps, got 'fair'"
     ]
+
+
+def test_topology_show_lists_who_holds_each_replica() -> None:
+    node = shared(WHOLE, "time-slicing", 4)
+    pods = [sharing_pod(n, f"2026-01-01T00:00:0{i}Z", 1000, 10) for i, n in enumerate("abc")]
+    topology, _ = reconcile([node], pods)
+    lines = picture(topology).splitlines()
+    assert lines[0] == f"node {NODE}  (NVIDIA-A100-SXM4-40GB, 1 GPU, time-slicing x4)"
+    assert lines[-1].split() == ["replicas:", "0", "team/a,", "1", "team/b,", "2", "team/c"]

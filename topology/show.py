@@ -74,6 +74,8 @@ def _node(name: str, node: NodeTopology) -> list[str]:
     count = f"{node.gpu_count} GPU{'' if node.gpu_count == 1 else 's'}"
     if len(node.gpus) != node.gpu_count:
         count += f", {len(node.gpus)} listed"
+    if node.sharing is not None:
+        count += f", {node.sharing.strategy} x{node.sharing.replicas}"
     lines = [f"node {_ascii(name)}  ({_ascii(node.gpu_product)}, {count})"]
     if not plans:
         return [*lines, "  no GPUs listed"]
@@ -82,9 +84,21 @@ def _node(name: str, node: NodeTopology) -> list[str]:
     if any(p.mig for p in plans):
         ruler = "".join(str(s).ljust(width + 1) for s in range(plans[0].slots))
         lines.append(f"{'  slot':<{label + 1}}{ruler}".rstrip())
-    for index, plan in enumerate(plans):
+    for index, (gpu, plan) in enumerate(zip(node.gpus, plans, strict=True)):
         lines += _gpu(f"  gpu {index}".ljust(label), plan, width)
+        lines += _replicas(gpu, " " * label)
     return lines
+
+
+def _replicas(gpu: Gpu, indent: str) -> list[str]:
+    """Who holds each replica of the GPU (or of each MIG instance) when it is shared."""
+    devices = [("", gpu.status)] + [(f"GI {d.gpu_instance_id} ", d.status)
+                                    for d in gpu.mig_devices or ()]  # fmt: skip
+    return [
+        f"{indent}{what}replicas: " + ", ".join(
+            f"{r.index} {_ascii(r.holder.namespace)}/{_ascii(r.holder.pod)}" for r in status.replicas)
+        for what, status in devices if status is not None and status.replicas
+    ]  # fmt: skip
 
 
 def _plan(gpu: Gpu, model: GpuModel | None) -> _Plan:
