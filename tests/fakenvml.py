@@ -77,12 +77,11 @@ class FakeGpu:
     util: tuple[int, int] = (37, 12)
     enc_dec: tuple[int, int] = (0, 3)
     pcie_replays: int = 0
-    remapped: tuple[int, int, int, int] = (
-        1,
-        0,
-        0,
-        0,
-    )  # correctable, uncorrectable, pending, failed
+    # correctable, uncorrectable, pending, failed
+    remapped: tuple[int, int, int, int] = (1, 0, 0, 0)
+    mig_pending: bool | None = None  # MIG mode after the next reset; None: as now
+    brand: int = 14  # NVML_BRAND_NVIDIA
+    memory_temp_type: int = 1  # NVML_VALUE_TYPE_UNSIGNED_INT: how NVML hands the value over
 
 
 def catalog_gpu(
@@ -230,15 +229,15 @@ class FakeNvml:
         return self._whole(h).minor
 
     def nvmlDeviceGetBrand(self, h: _Handle) -> int:
-        self._whole(h)
-        return int(pynvml.NVML_BRAND_NVIDIA)
+        return self._whole(h).brand
 
     def nvmlDeviceGetMigMode(self, h: _Handle) -> list[int]:
         gpu = self._whole(h)
         if gpu.mig is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        mode = int(pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig else pynvml.NVML_DEVICE_MIG_DISABLE)
-        return [mode, mode]
+        pending = gpu.mig if gpu.mig_pending is None else gpu.mig_pending
+        on, off = int(pynvml.NVML_DEVICE_MIG_ENABLE), int(pynvml.NVML_DEVICE_MIG_DISABLE)
+        return [on if gpu.mig else off, on if pending else off]
 
     def nvmlDeviceGetClockInfo(self, h: _Handle, clock: int) -> int:
         gpu = self._whole(h)
@@ -255,8 +254,10 @@ class FakeNvml:
             value.fieldId = field_id
             if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP and gpu.memory_temp_c is not None:
                 value.nvmlReturn = pynvml.NVML_SUCCESS
-                value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
-                value.value.uiVal = gpu.memory_temp_c
+                value.valueType = gpu.memory_temp_type
+                member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal",
+                          5: "siVal", 6: "usVal"}[gpu.memory_temp_type]  # fmt: skip
+                setattr(value.value, member, gpu.memory_temp_c)
             else:
                 value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
         return values

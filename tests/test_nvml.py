@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pynvml
@@ -203,6 +204,7 @@ def test_a_driver_without_memory_v2_has_no_reserved_part(fake: FakeNvml) -> None
         ("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me", "1g.10gb+me"),
         ("NVIDIA A100-SXM4-40GB MIG 1c.2g.10gb", "2g.10gb"),  # a compute instance of a 2g
         (b"NVIDIA A30 MIG 2g.12gb", "2g.12gb"),  # nvidia-ml-py before 11.515: bytes
+        ("3g.40gb", "3g.40gb"),  # a name without the GPU's
     ],
 )
 def test_the_profile_is_the_gpu_instances(name: str | bytes, profile: str) -> None:
@@ -237,8 +239,24 @@ def test_a_failing_call_keeps_the_last_collection_and_says_it_is_stale(
     stale = exporter.snapshot()
     assert stale.body == good.body  # the last good values, still served
     assert not stale.healthy
-    assert stale.reason.startswith(f"stale: NVML {function} on ")
-    assert stale.reason.endswith(": Unknown Error; the last good one is from 1970-01-01T00:16:40Z")
+    h100, l4 = (f"GPU {i} ({g.uuid})" for i, g in enumerate(fake.gpus))
+    where = {
+        "nvmlSystemGetDriverVersion": "the system", "nvmlSystemGetNVMLVersion": "the system",
+        "nvmlDeviceGetCount": "the system", "nvmlDeviceGetHandleByIndex": "GPU 0",
+        "nvmlDeviceGetUUID": "GPU 0",
+        # A MIG device's own calls (the H100's GPU-level memory is not read in MIG mode).
+        "nvmlDeviceGetMemoryInfo": f"{h100} MIG device 0",
+        "nvmlDeviceGetGpuInstanceId": f"{h100} MIG device 0",
+        "nvmlDeviceGetGpuInstanceById": f"{h100} MIG device 0",
+        "nvmlGpuInstanceGetInfo": f"{h100} MIG device 0",
+        # Only the L4 has MIG off, and so utilization, encoder and decoder.
+        "nvmlDeviceGetUtilizationRates": l4, "nvmlDeviceGetEncoderUtilization": l4,
+        "nvmlDeviceGetDecoderUtilization": l4,
+    }.get(function, h100)  # fmt: skip
+    assert stale.reason == (
+        f"stale: NVML {function} on {where}: Unknown Error; "
+        "the last good one is from 1970-01-01T00:16:40Z"
+    )
     own = stale.own.decode()
     assert "mig_exporter_nvml_failed_collections_total 1\n" in own
     assert "mig_exporter_nvml_last_collection_timestamp_seconds 1000.000\n" in own
@@ -580,3 +598,93 @@ def test_a_stopped_topology_source_turns_health_to_503(fake: FakeNvml) -> None:
         stop.set()
         exporter.wake.set()
         loop.join(5)
+
+
+def test_what_a_gpu_does_not_say_is_left_empty_or_guessed(fake: FakeNvml) -> None:
+    h100, l4 = fake.gpus
+    h100.brand = 99  # a brand this exporter does not know
+    fake.fail["nvmlDeviceGetSerial"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    fake.fail["nvmlDeviceGetMinorNumber"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    fake.fail["nvmlDeviceGetEncoderUtilization"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    counters, _ = parse_counters(
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT, gauge, l\nDCGM_FI_DEV_ENC_UTIL, gauge, e\n"
+        "DCGM_FI_DEV_DEC_UTIL, gauge, d\nDCGM_FI_DEV_SERIAL, label, s\n"
+        "DCGM_FI_DEV_BRAND, label, b\n",
+        "test",
+    )
+    series = read(fake, dcgm.Options("h", counters=counters))
+    by_gpu = {s.label("gpu"): s for s in by_name(series, "DCGM_FI_DEV_POWER_MGMT_LIMIT")}
+    assert by_gpu["0"].value == h100.limit_mw / 1000 and by_gpu["1"].value == l4.limit_mw / 1000
+    assert {s.label("DCGM_FI_DEV_BRAND") for s in series if s.label("gpu") == "0"} == {"Unknown"}
+    assert {s.label("DCGM_FI_DEV_BRAND") for s in series if s.label("gpu") == "1"} == {"NVIDIA"}
+    assert {s.label("DCGM_FI_DEV_SERIAL") for s in series} == {""}
+    assert {(s.label("gpu"), s.label("device")) for s in series} == {("0", "nvidia0"),
+                                                                      ("1", "nvidia1")}  # fmt: skip
+    assert not by_name(series, "DCGM_FI_DEV_ENC_UTIL")  # not supported: left out
+    assert [s.value for s in by_name(series, "DCGM_FI_DEV_DEC_UTIL")] == [l4.enc_dec[1]]
+    fake.fail["nvmlDeviceGetBrand"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert {
+        s.label("DCGM_FI_DEV_BRAND") for s in read(fake, dcgm.Options("h", counters=counters))
+    } == {""}
+
+
+def test_mig_mode_is_the_current_one_not_the_pending_one(fake: FakeNvml) -> None:
+    h100, l4 = fake.gpus
+    h100.mig_pending = False  # MIG goes off at the next reset: still on now
+    l4.mig, l4.mig_pending = False, True  # could be on after a reset: off now
+    series = read(fake)
+    assert {s.label("GPU_I_PROFILE") for s in series if s.label("gpu") == "0"} == {
+        m.profile.name for m in h100.instances
+    }
+    assert [s.value for s in by_name(series, "DCGM_FI_DEV_GPU_UTIL")] == [l4.util[0]]
+
+
+def test_without_placements_instances_are_in_gpu_instance_id_order(fake: FakeNvml) -> None:
+    fake.fail["nvmlDeviceGetGpuInstanceById"] = pynvml.NVML_ERROR_NO_PERMISSION
+    series = by_name(read(fake), "DCGM_FI_DEV_FB_USED")
+    ids = [int(s.label("GPU_I_ID")) for s in series if s.label("gpu") == "0"]
+    assert ids == sorted(m.gpu_instance_id for m in fake.gpus[0].instances)
+
+
+@pytest.mark.parametrize("kind", [0, 1, 2, 3, 4, 5])
+def test_a_field_value_is_read_whatever_its_type(fake: FakeNvml, kind: int) -> None:
+    fake.gpus[0].memory_temp_type = kind
+    values = {s.value for s in by_name(read(fake), "DCGM_FI_DEV_MEMORY_TEMP")}
+    assert values == {fake.gpus[0].memory_temp_c}
+
+
+def test_a_mig_gpu_without_instances_reads_as_the_real_empty_dump(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    node = parse_document(SAMPLE_TOPOLOGY.read_text(), "sample").nodes[SAMPLE_NODE]
+    empty = replace(node, gpus=(replace(node.gpus[0], mig_devices=()),))
+    fake = FakeNvml(from_topology(empty))
+    fake.install(monkeypatch.setattr)
+    fake.nvmlInit()
+    options = dcgm.Options("h", driver_version=fake.driver)
+    real = read(fake, options)
+    simulated = parse(dcgm.render(empty, options, time.time()).decode())
+    names = [n for n in dict.fromkeys(s.name for s in simulated) if n not in DCGM_ONLY]
+    assert list(dict.fromkeys(s.name for s in real)) == names
+    assert [s.labels for s in real] == [s.labels for s in simulated if s.name in names]
+    assert not by_name(real, "DCGM_FI_DEV_FB_USED")  # the dump has no memory for it
+
+
+@pytest.mark.parametrize("pod_labels", [False, True])
+def test_mig_instances_are_named_where_the_simulated_path_names_them(
+    monkeypatch: pytest.MonkeyPatch, pod_labels: bool
+) -> None:
+    node = parse_document(SAMPLE_TOPOLOGY.read_text(), "sample").nodes[SAMPLE_NODE]
+    fake = FakeNvml(from_topology(node))
+    fake.install(monkeypatch.setattr)
+    fake.nvmlInit()
+    sample = nvml.collect(pynvml)
+    for dynamic in (True, False):
+        shown = replace(node, is_dynamic_mig_enabled=dynamic)
+        options = dcgm.Options("h", mig_pod_labels=pod_labels)
+        ours = parse(nvml.render(sample, options, shown).decode())
+        simulated = parse(dcgm.render(shown, options, time.time()).decode())
+        assert {(s.label("GPU_I_ID"), s.label("pod")) for s in ours} == {
+            (s.label("GPU_I_ID"), s.label("pod")) for s in simulated
+        }
+        assert any(s.label("pod") for s in ours) == (pod_labels or not dynamic)
