@@ -201,3 +201,62 @@ def test_a_node_that_goes_leaves_no_energy_counter_behind() -> None:
         many.select(set())  # nothing selected: nothing served, nothing counted
         many.render()
         assert len(many.options.energy) == 0
+
+
+def test_health_says_the_first_problem_and_how_many_more(caplog: pytest.LogCaptureFixture) -> None:
+    many = exporter()
+    snap = many.render()
+    assert not snap.ready and not snap.healthy and snap.reason == "no topology yet"
+    many.problem(None)  # listed, and the namespace has no ConfigMap: a true, empty state
+    snap = many.render()
+    assert snap.ready and snap.healthy and snap.body == b""
+    many.update_source("topology-a", doc("a", MIG), "ConfigMap a")
+    many.problem("the API cannot be reached")
+    many.problem("the API cannot be reached")  # said once
+    many.problem("node watch: 500", key="nodes")
+    many.source_problem("topology-b", "ConfigMap b: not valid YAML")
+    snap = many.render()
+    assert not snap.healthy and snap.ready
+    assert snap.reason == "ConfigMap b: not valid YAML (and 2 more problems)"
+    assert [r.getMessage() for r in caplog.records] == [
+        "the API cannot be reached", "node watch: 500", "ConfigMap b: not valid YAML"]  # fmt: skip
+    many.problem(None)  # configmaps good again
+    many.select(None)  # the node list came: its problem goes
+    many.remove_source("topology-b")
+    snap = many.render()
+    assert snap.healthy and snap.reason == "ok"
+    assert {s.label("Hostname") for s in parse(snap.body.decode())} == {"a"}
+    many.source_problem("topology-a", "ConfigMap a: gone bad")
+    many.remove_source("topology-a")  # its node goes, and so does its problem
+    snap = many.render()
+    assert snap.healthy and snap.body == b""
+
+
+def test_a_node_listed_by_two_sources_stays_until_both_drop_it() -> None:
+    many = exporter()
+    many.update_source("topology-a", doc("a", MIG), "ConfigMap a")
+    many.update_source("topology", doc("a", MIG), "ConfigMap topology")
+    many.remove_source("topology-a")
+    assert {s.label("Hostname") for s in parse(many.render().body.decode())} == {"a"}
+    many.update_source("topology", Topology(), "ConfigMap topology")
+    assert many.render().body == b""
+
+
+def test_a_bad_entry_is_logged_once_and_counted_once(caplog: pytest.LogCaptureFixture) -> None:
+    many = exporter()
+    many.update_source("topology-a", doc("a", MIG), "ConfigMap a")
+    (node,) = MIG.nodes.values()
+    gpu = node.gpus[0]
+    devices = gpu.mig_devices or ()
+    bad = replace(node, gpus=(replace(gpu, mig_devices=(replace(devices[0], name="9g.99gb"),)),))
+    for _ in range(2):
+        many.update_source("topology-a", Topology(nodes={"a": bad}), "ConfigMap a")
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and warnings[0].endswith("; serving its last good series")
+    assert warnings[0].startswith(
+        "ConfigMap a: gpus[0].mig-devices[0].name: node a: unknown profile"
+    )
+    assert many.invalid.value("node") == 1
+    snap = many.render()
+    assert snap.reason == f"{warnings[0]}"
+    assert {s.label("Hostname") for s in parse(snap.body.decode())} == {"a"}  # last good kept

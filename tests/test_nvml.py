@@ -688,3 +688,40 @@ def test_mig_instances_are_named_where_the_simulated_path_names_them(
             (s.label("GPU_I_ID"), s.label("pod")) for s in simulated
         }
         assert any(s.label("pod") for s in ours) == (pod_labels or not dynamic)
+
+
+def test_the_collector_says_each_change_once_and_counts_every_failure(
+    fake: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO")
+    exporter = exporter_for(fake, node_name="n1")
+    before = time.time()
+    exporter.collect()
+    stamp = float(re.search(r"timestamp_seconds ([0-9.]+)\n", exporter.own_metrics().decode())[1])  # type: ignore[index]
+    assert before <= stamp <= time.time()  # the wall clock, without one given
+    fake.fail["nvmlDeviceGetPowerUsage"] = pynvml.NVML_ERROR_TIMEOUT
+    exporter.collect()
+    exporter.collect()
+    del fake.fail["nvmlDeviceGetPowerUsage"]
+    exporter.collect()
+    exporter.problem("the API cannot be reached")
+    exporter.update(topology_doc("n1", fake.gpus[1].uuid, "a"), "ConfigMap ns/topology-n1")
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [m for m in messages if m[0] == "INFO"] == [
+        ("INFO", "NVML is good again"), ("INFO", "the topology is good again")]  # fmt: skip
+    warnings = [m for _, m in messages if _ == "WARNING"]
+    assert len(warnings) == 2 and warnings[0].startswith("stale: NVML nvmlDeviceGetPowerUsage")
+    assert warnings[1] == "the API cannot be reached"
+    own = exporter.own_metrics().decode()
+    assert own.splitlines()[:3] == [
+        "# HELP mig_exporter_nvml_failed_collections_total NVML collections that failed; the "
+        "last good one stays served.",
+        "# TYPE mig_exporter_nvml_failed_collections_total counter",
+        "mig_exporter_nvml_failed_collections_total 2",
+    ]
+    assert own.splitlines()[3:5] == [
+        "# HELP mig_exporter_nvml_last_collection_timestamp_seconds When the served values were "
+        "collected.",
+        "# TYPE mig_exporter_nvml_last_collection_timestamp_seconds gauge",
+    ]
+    assert 'mig_exporter_invalid_objects_total{kind="node"} 0' in own
