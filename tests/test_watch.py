@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import kubernetes
+import pytest
 from kubeapi import KubeAPI, eventually
 from promtext import parse
 from test_exporter import MIG
@@ -34,18 +36,22 @@ def text(name: str = NODE) -> str:
 
 
 @contextmanager
-def watching(target: Callable[..., None], *args: Any) -> Iterator[KubeAPI]:
-    """The emulated API and `target(*args, stop, client, ...)` running in a thread against it."""
-    with KubeAPI.start() as kube, kube.api_client() as client:
+def watching(
+    target: Callable[..., None], *args: Any, strict: bool = True
+) -> Iterator[tuple[KubeAPI, kubernetes.client.CoreV1Api]]:
+    """The emulated API and `target(*args, stop, client, ...)` running in a thread against it
+    (`strict=False`: plain kmock, which ignores label and field selectors)."""
+    with KubeAPI.start(strict=strict) as kube, kube.api_client() as client:
         stop = threading.Event()
         sink, rest = args[0], args[1:]
         thread = threading.Thread(target=target, args=(sink, stop, client, *rest), daemon=True)
         thread.start()
         try:
-            yield kube
+            yield kube, kubernetes.client.CoreV1Api(client)
         finally:
             stop.set()
-            kube.cut_watches()
+            if strict:
+                kube.cut_watches()
             thread.join(10)
 
 
@@ -53,48 +59,50 @@ def hosts(many: NodesExporter) -> set[str]:
     return {s.label("Hostname") for s in parse(many.render().body.decode())}
 
 
-def test_the_nodes_configmap_is_followed_and_its_problems_said() -> None:
+@pytest.mark.parametrize("strict", [True, False], ids=["strict-emulator", "plain-kmock"])
+def test_the_nodes_configmap_is_followed_and_its_problems_said(strict: bool) -> None:
     exporter = Exporter(NODE, dcgm.Options("h"), Published())
     name = f"topology-{NODE}"
-    with watching(watch_configmap, exporter, name, NS) as kube:
+    with watching(watch_configmap, exporter, name, NS, strict=strict) as (_, core):
         eventually(lambda: "not found" in exporter.snapshot().reason, timeout=10)
         assert exporter.snapshot().reason == (
             f"ConfigMap {NS}/{name}: not found; serving the last good topology"
         )
-        kube.create("configmaps", configmap(text(), name, NS), namespace=NS)
+        core.create_namespaced_config_map(NS, configmap(text(), name, NS))
         eventually(lambda: exporter.snapshot().healthy, timeout=10)
         assert exporter.snapshot().ready
         # Another ConfigMap in the namespace changes nothing.
-        kube.create("configmaps", configmap("nodes: [", "other", NS), namespace=NS)
-        kube.patch("configmaps", name, {"data": {"topology.yml": "nodes: ["}}, namespace=NS)
+        core.create_namespaced_config_map(NS, configmap("nodes: [", "other", NS))
+        core.patch_namespaced_config_map(name, NS, {"data": {"topology.yml": "nodes: ["}})
         eventually(lambda: "not valid YAML" in exporter.snapshot().reason, timeout=10)
         assert exporter.invalid.value("configmap") == 1
         assert b"DCGM_FI_DEV_FB_USED" in exporter.snapshot().body  # the last good, kept
-        kube.patch("configmaps", name, {"data": {"topology.yml": text()}}, namespace=NS)
+        core.patch_namespaced_config_map(name, NS, {"data": {"topology.yml": text()}})
         eventually(lambda: exporter.snapshot().healthy, timeout=10)
-        kube.delete("configmaps", name, namespace=NS)
+        core.delete_namespaced_config_map(name, NS)
         eventually(lambda: "not found" in exporter.snapshot().reason, timeout=10)
 
 
-def test_every_per_node_configmap_is_served_and_one_that_goes_takes_its_node() -> None:
+@pytest.mark.parametrize("strict", [True, False], ids=["strict-emulator", "plain-kmock"])
+def test_every_per_node_configmap_is_served_and_one_that_goes_takes_its_node(strict: bool) -> None:
     many = NodesExporter(dcgm.Options("h"), Published())
-    with watching(watch_node_configmaps, many, NS) as kube:
+    with watching(watch_node_configmaps, many, NS, strict=strict) as (_, core):
         eventually(lambda: many.render().ready, timeout=10)
         for node in ("a", "b"):
-            kube.create("configmaps", node_configmap(node, text(node), NS, None), namespace=NS)
+            core.create_namespaced_config_map(NS, node_configmap(node, text(node), NS, None))
         # Not ours: no node-topology label.
-        kube.create("configmaps", configmap(text("c"), "topology-c", NS), namespace=NS)
+        core.create_namespaced_config_map(NS, configmap(text("c"), "topology-c", NS))
         eventually(lambda: hosts(many) == {"a", "b"}, timeout=10)
-        kube.patch("configmaps", "topology-b", {"data": {"topology.yml": "nodes: ["}},
-                   namespace=NS)  # fmt: skip
+        core.patch_namespaced_config_map("topology-b", NS, {"data": {"topology.yml": "nodes: ["}})
         eventually(lambda: not many.render().healthy, timeout=10)
         assert "ConfigMap gpu-operator/topology-b" in many.render().reason
         assert hosts(many) == {"a", "b"}  # b's last good series stay
-        kube.delete("configmaps", "topology-b", namespace=NS)
+        core.delete_namespaced_config_map("topology-b", NS)
         eventually(lambda: hosts(many) == {"a"} and many.render().healthy, timeout=10)
         # Its label taken off: no longer a node's topology.
-        kube.patch("configmaps", "topology-a", {"metadata": {"labels": {"node-topology": None}}},
-                   namespace=NS)  # fmt: skip
+        core.patch_namespaced_config_map(
+            "topology-a", NS, {"metadata": {"labels": {"node-topology": None}}}
+        )
         eventually(lambda: hosts(many) == set(), timeout=10)
 
 
@@ -102,10 +110,16 @@ def test_only_the_selected_nodes_are_served() -> None:
     many = NodesExporter(dcgm.Options("h"), Published())
     for node in ("kwok-1", "real-1"):
         many.update_source(f"topology-{node}", Topology(nodes={node: MIG.nodes[NODE]}), node)
-    with watching(watch_selected_nodes, many, "type=kwok") as kube:
+    with watching(watch_selected_nodes, many, "type=kwok") as (kube, _):
         eventually(lambda: hosts(many) == set(), timeout=10)
-        kube.create("nodes", {"apiVersion": "v1", "kind": "Node",
-                              "metadata": {"name": "kwok-1", "labels": {"type": "kwok"}}})  # fmt: skip
+        kube.create(
+            "nodes",
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": "kwok-1", "labels": {"type": "kwok"}},
+            },
+        )
         eventually(lambda: hosts(many) == {"kwok-1"}, timeout=10)
         kube.delete("nodes", "kwok-1")
         eventually(lambda: hosts(many) == set(), timeout=10)
@@ -114,7 +128,7 @@ def test_only_the_selected_nodes_are_served() -> None:
 def test_an_unreachable_api_is_said_and_the_last_good_kept() -> None:
     exporter = Exporter(NODE, dcgm.Options("h"), Published())
     name = f"topology-{NODE}"
-    with watching(watch_configmap, exporter, name, NS) as kube:
+    with watching(watch_configmap, exporter, name, NS) as (kube, _):
         kube.create("configmaps", configmap(text(), name, NS), namespace=NS)
         eventually(lambda: exporter.snapshot().healthy, timeout=10)
         kube.fail_next(3, status=503, plural="configmaps")
