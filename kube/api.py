@@ -19,6 +19,7 @@ from typing import Any
 
 import kubernetes
 import urllib3
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from topology import configmap as contract
@@ -83,7 +84,7 @@ def api_client(kubeconfig: str | None) -> kubernetes.client.ApiClient:
             kubernetes.config.load_incluster_config(client_configuration=config)
         else:
             kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
-    except (kubernetes.config.ConfigException, OSError, TypeError, ValueError) as e:
+    except (kubernetes.config.ConfigException, OSError, TypeError, ValueError, yaml.YAMLError) as e:
         where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
         raise ConfigError(f"kubeconfig {where}: {one_line(e)}") from None
     config.retries = 0  # the loops here retry with backoff; urllib3's own retries only add delay
