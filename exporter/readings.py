@@ -163,14 +163,19 @@ def _mig_fb(model: GpuModel, dev: MigDevice) -> tuple[int, int, int]:
     return used, profile.fb_total_mib - used, profile.memory_mib
 
 
-def _activity_reading(base: Reading, activity: float, fb: tuple[int, int, int, int]) -> Reading:
+# A GPU's own values, which each of its series carries: SM and memory clocks, GPU and memory
+# temperatures, power and its limit, energy, utilization, memory copy utilization, PCIe TX and RX.
+GpuLevel = tuple[int, int, int, int, float, float, int, int | None, int | None, int, int]
+
+
+def _activity_reading(level: GpuLevel, activity: float, fb: tuple[int | None, ...]) -> Reading:
+    sm, mem, temp, mem_temp, power, limit, energy, util, copy, tx, rx = level
     used, free, reserved, total = fb
     return Reading(
-        base.sm_clock, base.mem_clock, base.gpu_temp, base.memory_temp, base.power,
-        base.power_limit, base.energy, base.gpu_util, base.mem_copy_util,
+        sm, mem, temp, mem_temp, power, limit, energy, util, copy,
         activity, activity * SM_SHARE, activity * OCCUPANCY_SHARE, activity * TENSOR_SHARE,
         activity * FP64_SHARE, activity * FP32_SHARE, activity * FP16_SHARE,
-        activity * DRAM_SHARE, used, free, reserved, total, base.pcie_tx, base.pcie_rx,
+        activity * DRAM_SHARE, used, free, reserved, total, tx, rx,
     )  # fmt: skip
 
 
@@ -195,7 +200,8 @@ def read_gpu(
             profile = model.profile(dev.name)
             load += a * (profile.compute_slices if profile else 0) / slots
         load = min(load, 1.0)
-        idle_w, gpu_util, sm_clock = figures.mig_idle_power_w, 0, figures.sm_clock_max_mhz
+        # DCGM has no utilization for a GPU in MIG mode: None, never served.
+        idle_w, gpu_util, sm_clock = figures.mig_idle_power_w, None, figures.sm_clock_max_mhz
     else:
         gpu_util = utilization(gpu.status, now)
         load = gpu_util / 100
@@ -212,22 +218,21 @@ def read_gpu(
     )
     meter, node = energy
     joules = meter.read(node, gpu.id, step * STEP_S, power, figures.max_power_w)
-    total = model.fb_total_mib if model else gpu_memory
-    reserved = model.total_memory_mib - total if model else 0
-    used = 0 if mig else fb_used(gpu.status, total)
-    activity = 0.0 if mig else load
-    base = Reading(
+    level: GpuLevel = (
         sm_clock, figures.mem_clock_mhz, gpu_temp, gpu_temp + figures.memory_temp_offset_c,
-        power, figures.max_power_w, joules, gpu_util, round(100 * load * DRAM_SHARE),
-        0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, used, total - used, reserved, total + reserved,
+        power, figures.max_power_w, joules, gpu_util,
+        None if gpu_util is None else round(100 * load * DRAM_SHARE),
         PCIE_IDLE_TX + round(PCIE_BUSY_TX * load), PCIE_IDLE_RX + round(PCIE_BUSY_RX * load),
     )  # fmt: skip
-    gpu_reading = _activity_reading(
-        base, activity, (used, total - used, reserved, total + reserved)
-    )
+    if not (mig and model is not None):
+        total = model.fb_total_mib if model else gpu_memory
+        reserved = model.total_memory_mib - total if model else 0
+        used = fb_used(gpu.status, total)
+        return _activity_reading(level, load, (used, total - used, reserved, total + reserved)), []
+    # A MIG GPU's own series (with no instance) has no memory; its activity is its instances'.
+    gpu_reading = _activity_reading(level, 0.0, (None, None, None, None))
     out = []
-    if mig and model is not None:
-        for dev, a in zip(instances, activities, strict=True):
-            u, f, t = _mig_fb(model, dev)
-            out.append(_activity_reading(base, a, (u, f, 0, t)))
+    for dev, a in zip(instances, activities, strict=True):
+        u, f, t = _mig_fb(model, dev)
+        out.append(_activity_reading(level, a, (u, f, 0, t)))
     return gpu_reading, out

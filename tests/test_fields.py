@@ -20,7 +20,7 @@ from promtext import Series, by_name, parse
 from test_exporter import MIG, whole_gpu
 
 from exporter import dcgm
-from exporter.fields import Counters, parse_counters, read_counters
+from exporter.fields import FIELDS, Counters, parse_counters, read_counters
 from exporter.readings import EnergyMeter
 from topology.catalog import model_for_product
 from topology.configmap import parse_document
@@ -362,3 +362,74 @@ def test_a_node_of_unknown_model_still_gets_plausible_figures() -> None:
     series = node_series(node)
     assert 0 < one(series, "DCGM_FI_DEV_POWER_USAGE") < 1000
     assert one(series, "DCGM_FI_DEV_FB_USED") + one(series, "DCGM_FI_DEV_FB_FREE") == 16384
+
+
+# --- how the simulated values hang together ------------------------------------------------------
+
+EVERY = parse_counters(
+    "\n".join(
+        f"{name}, gauge, x" for name in FIELDS if name != "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+    )
+    + "\n",
+    "every field",
+)[0]
+PIPES = ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+         "DCGM_FI_PROF_PIPE_FP64_ACTIVE", "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+         "DCGM_FI_PROF_PIPE_FP16_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE")  # fmt: skip
+
+
+def a100_whole(percent: int) -> NodeTopology:
+    """The sampled A100-40GB with MIG off, its one GPU held by a pod `percent` % busy."""
+    mig = parse_document(SAMPLE.read_text(), "s").nodes[NODE]
+    usage = PodUsage(Utilization(percent, percent), 1000)
+    gpu = replace(mig.gpus[0], mig_devices=None,
+                  status=DeviceStatus(AllocatedBy("ns", "p", "c"), {"uid": usage}))  # fmt: skip
+    return replace(mig, is_dynamic_mig_enabled=False, gpus=(gpu,))
+
+
+@freeze_time(NOW)
+def test_each_activity_is_a_part_of_the_engines_and_follows_the_load() -> None:
+    idle = {s.name: s.value for s in node_series(a100_whole(0), dcgm.Options("h", counters=EVERY))}
+    busy = {s.name: s.value for s in node_series(a100_whole(60), dcgm.Options("h", counters=EVERY))}
+    assert busy["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == 0.6
+    for name in PIPES:
+        assert idle[name] == 0, name
+        assert 0 < busy[name] <= busy["DCGM_FI_PROF_GR_ENGINE_ACTIVE"], name
+    # The memory copy engine's utilization is the DRAM interface's activity, in percent.
+    assert busy["DCGM_FI_DEV_MEM_COPY_UTIL"] == round(100 * busy["DCGM_FI_PROF_DRAM_ACTIVE"])
+    # The clock drops only when the GPU is idle; PCIe traffic rises with the load.
+    model = model_for_product("NVIDIA-A100-SXM4-40GB")
+    assert model is not None
+    assert (idle["DCGM_FI_DEV_SM_CLOCK"], busy["DCGM_FI_DEV_SM_CLOCK"]) == (
+        model.figures.sm_clock_idle_mhz, model.figures.sm_clock_max_mhz)  # fmt: skip
+    for name in ("DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"):
+        assert busy[name] > 100 * idle[name] > 0, name
+    # Power as a sensor reads it, in milliwatts; its limit, the board's.
+    assert round(busy["DCGM_FI_DEV_POWER_USAGE"], 3) == busy["DCGM_FI_DEV_POWER_USAGE"]
+    assert busy["DCGM_FI_DEV_POWER_MGMT_LIMIT"] == model.figures.max_power_w
+    # The whole GPU's memory: what DCGM reserves, and all of it.
+    assert busy["DCGM_FI_DEV_FB_TOTAL"] == model.total_memory_mib
+    assert busy["DCGM_FI_DEV_FB_RESERVED"] == model.total_memory_mib - model.fb_total_mib
+    assert busy["DCGM_FI_DEV_FB_USED"] + busy["DCGM_FI_DEV_FB_FREE"] == model.fb_total_mib
+    assert busy["DCGM_FI_DEV_FB_USED"] == 1000
+
+
+def test_a_new_counter_starts_within_what_the_gpu_can_have_drawn_since_boot() -> None:
+    from exporter.readings import BOOT_EPOCH_S, BOOT_SPREAD_S
+
+    now = BOOT_EPOCH_S + 100 * 86_400.0
+    for gpu in ("GPU-a", "GPU-b", "GPU-c"):
+        mj = EnergyMeter().read("n", gpu, now, 100.0, 400.0)
+        most, least = (400.0 * (now - BOOT_EPOCH_S - s) * 1000 for s in (0, BOOT_SPREAD_S))
+        assert least <= mj <= most
+
+
+def test_utilization_draws_cover_the_whole_range() -> None:
+    node = whole_gpu(0, 100).nodes["n"]
+    seen = {one([s for s in node_series_at(node, 1_790_000_000 + 10 * step) if s.label("gpu") == "0"],
+                "DCGM_FI_DEV_GPU_UTIL") for step in range(200)}  # fmt: skip
+    assert min(seen) < 10 and max(seen) > 90
+
+
+def node_series_at(node: NodeTopology, now: float) -> list[Series]:
+    return parse(dcgm.render(node, dcgm.Options("h"), now).decode())
