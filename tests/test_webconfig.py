@@ -428,7 +428,7 @@ CONFIG_ERRORS = [
     ("basic_auth_users: x\n", "basic_auth_users: expected a mapping, got a string"),
     (
         "tls_server_config:\n  cert_file: {}\n",
-        "tls_server_config.cert_file: expected a file name, got a mapping",
+        "tls_server_config.cert_file: expected a string, got a mapping",
     ),
     ("tls_server_config: [\n", "is not valid YAML: while parsing a flow node …"),
     (
