@@ -32,6 +32,7 @@ from topology.model import (
     Topology,
 )
 from topology.sharing import (
+    GPU_RESOURCE,
     SHARED_GPU_RESOURCE,
     SHARED_SUFFIX,
     base_resource,
@@ -44,7 +45,6 @@ Obj = Mapping[str, Any]
 # GPU ids are uuid5 of the node name and index: stable across runs, restarts and replicas.
 _GPU_NAMESPACE = uuid.UUID("6f1c2a4e-3b7d-5e8f-9a0b-1c2d3e4f5a6b")
 RELEASED_PHASES = ("Succeeded", "Failed")
-GPU_RESOURCE = "nvidia.com/gpu"
 
 
 def gpu_uuid(node_name: str, index: int) -> str:

@@ -59,8 +59,9 @@ def _without_id(node: NodeTopology, uid: str) -> NodeTopology:
         for g in node.gpus
     )
     return NodeTopology(
-        node.gpu_count, node.gpu_memory, node.gpu_product, node.is_dynamic_mig_enabled, gpus
-    )
+        node.gpu_count, node.gpu_memory, node.gpu_product, node.is_dynamic_mig_enabled, gpus,
+        node.sharing,
+    )  # fmt: skip
 
 
 def _id_set(node: NodeTopology) -> frozenset[str]:

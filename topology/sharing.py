@@ -19,9 +19,9 @@ from collections.abc import Mapping
 
 from topology.errors import TopologyError
 from topology.model import SHARING_STRATEGIES, Sharing
+from topology.runai import MIG_RESOURCE_PREFIX
 
 GPU_RESOURCE = "nvidia.com/gpu"
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 SHARED_SUFFIX = ".shared"  # the renamed resource
 SHARED_GPU_RESOURCE = GPU_RESOURCE + SHARED_SUFFIX
 SHARED_PRODUCT_SUFFIX = "-SHARED"
