@@ -25,10 +25,15 @@ from exporter.webconfig import WebConfigError, load
 from kube.api import add_layout_argument, port, topology_name, topology_namespace
 from topology.configmap import node_configmap_name
 from topology.errors import TopologyError
-from topology.model import NodeTopology
+from topology.model import NodeTopology, Topology
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 log = logging.getLogger("exporter")
+
+
+def _env_flag(name: str) -> bool:
+    """A switch set in the environment: `1`, `true` or `yes`, in any case."""
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -107,14 +112,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mig-pod-labels",
         action="store_true",
-        default=os.environ.get("MIG_POD_LABELS", "").lower() in ("1", "true", "yes"),
+        default=_env_flag("MIG_POD_LABELS"),
         help="name the pod holding each MIG instance in container/namespace/pod (env "
         "MIG_POD_LABELS=true); off by default, as run:ai dynamic MIG leaves them empty",
     )
     p.add_argument(
         "--kubernetes-virtual-gpus",
         action="store_true",
-        default=os.environ.get("KUBERNETES_VIRTUAL_GPUS", "").lower() in ("1", "true", "yes"),
+        default=_env_flag("KUBERNETES_VIRTUAL_GPUS"),
         help="a shared GPU's (time-slicing, MPS) series once per pod sharing it, with a vgpu "
         "label, as dcgm-exporter's flag (env KUBERNETES_VIRTUAL_GPUS=true)",
     )
@@ -157,12 +162,17 @@ def _once(args: argparse.Namespace, options: dcgm.Options) -> int:
             raise TopologyError(obj, "nodes", snapshot.reason)
         sys.stdout.buffer.write(snapshot.body)
         return EXIT_OK
-    node_name: str = args.node_name
+    node = _node_in(topology, args.node_name, obj)
+    sys.stdout.buffer.write(dcgm.render(node, options, time.time()))
+    return EXIT_OK
+
+
+def _node_in(topology: Topology, node_name: str, obj: str) -> NodeTopology:
+    """The node's checked entry; TopologyError when it is bad or not there."""
     node = node_of(topology, node_name, obj)
     if node is None:
         raise missing_node(topology, node_name, obj)
-    sys.stdout.buffer.write(dcgm.render(node, options, time.time()))
-    return EXIT_OK
+    return node
 
 
 def _attribution(args: argparse.Namespace) -> NodeTopology | None:
@@ -170,11 +180,7 @@ def _attribution(args: argparse.Namespace) -> NodeTopology | None:
     if args.topology_file is None:
         return None
     obj = f"topology file {args.topology_file}"
-    topology = read_topology_file(args.topology_file)
-    node = node_of(topology, args.node_name, obj)
-    if node is None:
-        raise missing_node(topology, args.node_name, obj)
-    return node
+    return _node_in(read_topology_file(args.topology_file), args.node_name, obj)
 
 
 def _nvml_once(args: argparse.Namespace, options: dcgm.Options) -> int:
