@@ -222,7 +222,7 @@ class Controller:
 
     def settle(self) -> set[str]:
         changed = self.state.settle()
-        for name in changed:
+        for name in changed | self.state.reconsidered:
             warnings = {str(w): w for w in self.state.node_warnings(name)}
             messages = set(warnings)
             for m in sorted(messages - self._warned.get(name, set())):

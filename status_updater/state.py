@@ -84,6 +84,7 @@ class ClusterState:
         self._placed: dict[str, NodeTopology] = {}
         self.results: dict[str, NodeResult] = {}  # what each GPU node's entry should be
         self.warnings: dict[str, list[TopologyError]] = {}  # per node, from its last compute
+        self.reconsidered: set[str] = set()  # the nodes the last settle() computed again
         # id -> the node whose devices carry it, or the nodes (a set) where several do. A set
         # only where it is needed: a big cluster has hundreds of thousands of ids.
         self._claims: dict[str, str | set[str]] = {}
@@ -203,6 +204,8 @@ class ClusterState:
             recheck |= self._compute(name)
         self._rebuild.clear()
         self._stale.clear()
+        # Their warnings may have changed with the same result: a pod that cannot be placed.
+        self.reconsidered = touched | recheck
         changed = {name for name in rebuilt if name in self.nodes}  # never O(cluster)
         for name in touched | recheck:
             result = self._judge(name)

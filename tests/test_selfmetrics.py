@@ -109,6 +109,25 @@ def test_the_updater_counts_bad_nodes_and_pods_once(caplog: pytest.LogCaptureFix
     assert sum("expected an integer, got 'many'" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_a_pod_that_cannot_be_placed_is_reported_when_it_comes_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Its node's result does not change (it gets nothing), yet it is news: one warning, counted.
+    controller = Controller(None, None)  # type: ignore[arg-type]
+    controller.state.set_node(rc.slim_node(whole_gpu_node("k80", count=1)))
+    controller.state.set_pod(rc.slim_pod(gpu_pod("first", "k80", 1, "2026-01-01T00:00:00Z")))
+    assert controller.settle() == {"k80"}
+    controller.state.set_pod(rc.slim_pod(gpu_pod("late", "k80", 1, "2026-01-02T00:00:00Z")))
+    assert controller.settle() == set()  # nothing to write
+    said = [r.getMessage() for r in caplog.records if "pod ns/late" in r.getMessage()]
+    assert said == [
+        "pod ns/late: spec.containers[0].resources.limits[nvidia.com/gpu]: "
+        "asks for 1 GPUs, node k80 has 0 free"
+    ]
+    own = controller.invalid.exposition()
+    assert counts(own, "mig_status_updater_invalid_objects_total")["pod"] == 1
+
+
 def test_updater_health_says_what_it_waits_for_or_which_loop_died() -> None:
     controller = Controller(None, None)  # type: ignore[arg-type]
     waiting = daemon._health(controller, leader=False, dead=[])
