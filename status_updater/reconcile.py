@@ -80,9 +80,14 @@ def node_uid(node: Obj) -> str | None:
     return uid if isinstance(uid, str) and uid else None
 
 
-def pod_key(pod: Obj) -> str:
+def _names(pod: Obj) -> tuple[str, str]:
+    """Namespace and name; a pod from a file may leave its namespace out: kubectl's default."""
     meta = _meta(pod)
-    return f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
+    return str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+
+
+def pod_key(pod: Obj) -> str:
+    return "/".join(_names(pod))
 
 
 def pod_ref(pod: Obj) -> str:
@@ -603,9 +608,7 @@ class _Node:
     def place(self, pod: Obj, warnings: list[TopologyError]) -> None:
         meta = _meta(pod)
         obj = pod_ref(pod)
-        allocated_by = AllocatedBy(
-            str(meta.get("namespace", "default")), str(meta.get("name", "")), _first_container(pod)
-        )
+        allocated_by = AllocatedBy(*_names(pod), _first_container(pod))
         uid = _uid(pod)
         if self.node.sharing is not None:
             self._place_shared(pod, obj, uid, warnings)
@@ -627,8 +630,7 @@ class _Node:
         """Static MIG and whole GPUs: each container gets the devices its resources ask for,
         the lowest GPU index and GI id first, as the device plugin hands them out. A pod that
         does not fit gets nothing, as the kubelet admits a pod whole or not at all."""
-        meta = _meta(pod)
-        namespace, pod_name = str(meta.get("namespace", "default")), str(meta.get("name", ""))
+        namespace, pod_name = _names(pod)
         taken: list[tuple[int, int, str]] = []  # (gpu index, device index, container)
         whole: list[tuple[int, str, int]] = []  # (container index, container, count)
         for ci, container, resource, count in requests(pod):
@@ -696,8 +698,7 @@ class _Node:
         replica. A pod keeps the replicas it held. A pod that does not fit gets nothing."""
         assert self.node.sharing is not None
         count_per_device = self.node.sharing.replicas
-        meta = _meta(pod)
-        namespace, pod_name = str(meta.get("namespace", "default")), str(meta.get("name", ""))
+        namespace, pod_name = _names(pod)
         picks: list[tuple[int, int | None, int, str]] = []  # (gpu, MIG device, replica, container)
         taken: set[tuple[int, int | None, int]] = set()  # by this pod's earlier containers
 
@@ -948,7 +949,7 @@ def held_replicas(node: NodeTopology, previous: NodeTopology | None) -> KeptRepl
 
 def _uid(pod: Obj) -> str:
     meta = _meta(pod)
-    return str(meta.get("uid") or f"{meta.get('namespace', 'default')}/{meta.get('name', '')}")
+    return str(meta.get("uid") or pod_key(pod))
 
 
 def allocate(

@@ -312,7 +312,8 @@ class ClusterState:
 
     def node_warnings(self, name: str) -> list[TopologyError]:
         """The node's own problems and its pods', then the cluster-wide id rule's verdict."""
-        found = list(self.warnings.get(name, ()))
+        # Once each: a pod's bad annotation is met again for each device it holds.
+        found = list(dict.fromkeys(self.warnings.get(name, ())))
         result = self.results.get(name)
         if isinstance(result, Unreadable) and result.reason not in found:
             found.append(result.reason)

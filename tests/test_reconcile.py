@@ -11,9 +11,10 @@ from conftest import SAMPLES
 from freezegun import freeze_time
 
 from exporter import dcgm
+from status_updater import reconcile as rc
 from status_updater.reconcile import gpu_uuid
-from status_updater.state import reconcile
-from topology.model import AllocatedBy, Topology
+from status_updater.state import ClusterState, reconcile
+from topology.model import AllocatedBy, NodeTopology, Topology
 
 REAL_NODE: dict[str, Any] = yaml.safe_load(
     (SAMPLES / "nodes" / "a100-40gb-3-instances.yaml").read_text()
@@ -305,3 +306,74 @@ def test_a_node_that_only_advertises_mig_resources_gets_those_instances() -> Non
         "node too-many: status.allocatable: on GPU 0: 3 x 3g.40gb is more than the 2 that fit "
         "(no nvidia.com/mig.config)"
     ]
+
+
+def test_what_an_advertising_node_counts_and_what_it_does_not() -> None:
+    """Only positive whole counts of plain MIG resources make instances: a shared profile's
+    count is instances times replicas, not a layout; zero or unreadable counts are nothing."""
+    odd = advertising_node("odd", "NVIDIA-H100-80GB-HBM3", 1, {"allocatable": {
+        "nvidia.com/mig-1g.10gb.shared": "8", "nvidia.com/gpu.shared": "4", "nvidia.com/mig-1g.10gb": "lots",
+        "nvidia.com/mig-2g.20gb": "0", "nvidia.com/mig-3g.40gb": "1"}})  # fmt: skip
+    zero = advertising_node("zero", "NVIDIA-H100-80GB-HBM3", 1,
+                            {"allocatable": {"nvidia.com/mig-1g.10gb": "0"}})  # fmt: skip
+    small = advertising_node("small", "NVIDIA-A100-SXM4-40GB-MIG-2g.10gb", 3, {})  # 3 fit one GPU
+    topology, warnings = reconcile([odd, zero, small], [])
+    assert warnings == []
+    shapes = {
+        name: [
+            None if g.mig_devices is None else [d.name for d in g.mig_devices] for g in node.gpus
+        ]
+        for name, node in topology.nodes.items()
+    }
+    assert shapes == {"odd": [["3g.40gb"]], "zero": [None], "small": [["2g.10gb"] * 3]}
+
+
+def dynamic_node_with_whole_gpus(name: str) -> dict[str, Any]:
+    """A run:ai dynamic-MIG node of 3 A100s whose mig.config partitions GPU 0 only."""
+    config = {"mig-configs": {"selected": [
+        {"devices": [0], "mig-enabled": True, "mig-devices": {"0": "2g.10gb", "4": "1g.5gb"}},
+        {"devices": [1, 2], "mig-enabled": False}]}}  # fmt: skip
+    mapping = {"0": {"0": f"MIG-{name}-0-0", "4": f"MIG-{name}-0-4"}}
+    labels = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "3",
+              "nvidia.com/mig.strategy": "mixed", "node-role.kubernetes.io/runai-dynamic-mig": "true",
+              "node-role.kubernetes.io/runai-mig-enabled": "true"}  # fmt: skip
+    annotations = {"run.ai/mig.config": json.dumps(config),
+                   "run.ai/mig-mapping": base64.b64encode(json.dumps(mapping).encode()).decode()}  # fmt: skip
+    return {
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+    }
+
+
+def test_whole_gpus_of_a_dynamic_mig_node_go_oldest_first_and_stay() -> None:
+    """On a run:ai node, a pod without a MIG annotation asks for whole GPUs: those without MIG,
+    the lowest index first, oldest pod first; it keeps its GPU when an older pod ends."""
+    node = dynamic_node_with_whole_gpus("dyn")
+    early, late = (
+        gpu_pod("early", "dyn", 1, "2024-01-01T00:00:00Z"),
+        gpu_pod("late", "dyn", 1, "2024-01-02T00:00:00Z"),
+    )
+    greedy = gpu_pod("greedy", "dyn", 2, "2024-01-03T00:00:00Z")  # fmt: skip
+    state = ClusterState.of([node], [late, greedy, early])
+
+    def holders() -> list[str | None]:
+        result = state.results["dyn"]
+        assert isinstance(result, NodeTopology)
+        return [g.status.allocated_by.pod if g.status and g.status.allocated_by else None
+                for g in result.gpus]  # fmt: skip
+
+    assert holders() == [None, "early", "late"]
+    result = state.results["dyn"]
+    assert isinstance(result, NodeTopology)
+    status = result.gpus[1].status
+    assert status is not None and status.allocated_by == AllocatedBy("ns", "early", "c")
+    assert list(status.pod_gpu_usage_status) == ["uid-early"]
+    assert [str(w) for w in state.all_warnings()] == [
+        "pod ns/greedy: spec.containers[].resources.limits[nvidia.com/gpu]: asks for 2 GPUs, node dyn has 0 free"
+    ]
+    state.delete_pod(rc.pod_key(early))
+    state.settle()
+    assert holders() == [None, None, "late"]  # not moved to the lower GPU
+    state.set_pod(gpu_pod("next", "dyn", 1, "2024-01-04T00:00:00Z"))
+    state.settle()
+    assert holders() == [None, "next", "late"]

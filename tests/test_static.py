@@ -21,8 +21,10 @@ from conftest import SAMPLES, run_cli
 from promtext import Series, by_name, parse
 from test_golden import FB, NODE, assert_plausible, fb_sums, masked, real
 
+from status_updater.state import ClusterState
 from topology import migparted
 from topology.catalog import MODELS, GpuModel
+from topology.model import AllocatedBy, NodeTopology
 
 STATIC = SAMPLES / "static"
 LABEL = "nvidia.com/mig.config"
@@ -280,6 +282,118 @@ def test_smallest_profile_everywhere(
     assert holder_labels(by_name(series, FB[0])) == {
         ("0", str(gi), "worker", "team", f"job-{name}") for gi in (7, 8, 9)
     }
+
+
+def test_single_strategy_gpus_are_the_counted_devices_over_a_gpu_s_share() -> None:
+    """Under the single strategy GFD's count is MIG devices: the GPUs are that count over the
+    layout's devices per GPU, rounded up; over what fits of the product's profile where the
+    layout is of another profile (relabelled since GFD counted) or unknown."""
+    layouts = migparted.parse(
+        """
+        version: v1
+        mig-configs:
+          three-small: [{devices: all, mig-enabled: true, mig-devices: {"1g.5gb": 3}}]
+          seven: [{devices: all, mig-enabled: true, mig-devices: {"1g.5gb": 7}}]
+          all-2g.10gb: [{devices: all, mig-enabled: true, mig-devices: {"2g.10gb": 3}}]
+        """,
+        "test",
+    )
+    a100 = "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
+    cases = {
+        "three": (a100, 6, "three-small", [3, 3]),
+        "eight": (a100, 8, "three-small", [3, 3, 3]),
+        "seven": (a100, 7, "seven", [7]),
+        "relabelled": (a100, 14, "all-2g.10gb", [3, 3]),  # 14 over the 7 1g.5gb that fit
+        "missing": (a100, 14, "missing", [0, 0]),  # MIG on, no instance, and a warning
+        "odd-profile": ("NVIDIA-A100-SXM4-40GB-MIG-5g.99gb", 2, "seven", [7, 7]),  # one each
+    }
+    nodes = [static_node(n, product, count, layout, "single")
+             for n, (product, count, layout, _) in cases.items()]  # fmt: skip
+    state = ClusterState.of(nodes, [], layouts)
+    for name, (*_, per_gpu) in cases.items():
+        result = state.results[name]
+        assert isinstance(result, NodeTopology)
+        assert result.gpu_count == len(per_gpu), name
+        assert [len(g.mig_devices or ()) for g in result.gpus] == per_gpu, name
+    assert [str(w) for w in state.all_warnings()] == [
+        "node missing: metadata.labels[nvidia.com/mig.config]: unknown layout 'missing' "
+        "(known: all-2g.10gb, seven, three-small)"
+    ]
+
+
+def test_each_container_gets_its_own_devices_and_the_pod_is_warned_once() -> None:
+    """Containers asking for whole GPUs and MIG instances, interleaved, each get their own, in
+    container order; a pod from a file without a namespace is kubectl's `default`; a bad usage
+    annotation is one warning however many devices the pod holds."""
+    layouts = migparted.parse(
+        """
+        version: v1
+        mig-configs:
+          first-split:
+            - {devices: [0], mig-enabled: true, mig-devices: {"1g.5gb": 2}}
+            - {devices: [1, 2, 3], mig-enabled: false}
+        """,
+        "test",
+    )
+    gpu, small = {"nvidia.com/gpu": "1"}, {"nvidia.com/mig-1g.5gb": "1"}
+    job = pod("job", "n", "2024-01-01T00:00:00Z", {"a": gpu, "m1": small, "b": gpu, "m2": small, "c": gpu},
+              annotations={"run.ai/simulated-fb-used": "lots"})  # fmt: skip
+    del job["metadata"]["namespace"]
+    state = ClusterState.of(
+        [static_node("n", "NVIDIA-A100-SXM4-40GB", 4, "first-split")], [job], layouts
+    )
+    result = state.results["n"]
+    assert isinstance(result, NodeTopology)
+    whole = [g.status.allocated_by.container if g.status and g.status.allocated_by else None
+             for g in result.gpus]  # fmt: skip
+    assert whole == [None, "a", "b", "c"]
+    migs = [(d.gpu_instance_id, d.status.allocated_by if d.status else None)
+            for d in result.gpus[0].mig_devices or ()]  # fmt: skip
+    assert migs == [
+        (7, AllocatedBy("default", "job", "m1")),
+        (9, AllocatedBy("default", "job", "m2")),
+    ]
+    assert [str(w) for w in state.all_warnings()] == [
+        "pod default/job: metadata.annotations[run.ai/simulated-fb-used]: expected MiB or a "
+        "percentage, got 'lots'"
+    ]
+
+
+def test_a_pod_that_lost_an_instance_to_a_relabel_never_takes_a_younger_pod_s() -> None:
+    """The older pod came second (bound later) and holds GI 8 and 9; the new layout has no GI
+    8. It is placed first (it is older), yet the free GI 7 is the younger pod's: the older one
+    does not fit, and gets nothing, as the kubelet would not admit it."""
+    layouts = migparted.parse(
+        """
+        version: v1
+        mig-configs:
+          three: [{devices: all, mig-enabled: true, mig-devices: {"1g.5gb": 3}}]
+          two: [{devices: all, mig-enabled: true, mig-devices: {"1g.5gb": 2}}]
+        """,
+        "test",
+    )
+    old = pod("old", "n", "2024-01-01T00:00:00Z", {"c": {"nvidia.com/mig-1g.5gb": "2"}})
+    young = pod("young", "n", "2024-01-02T00:00:00Z", {"c": {"nvidia.com/mig-1g.5gb": "1"}})
+    state = ClusterState.of(
+        [static_node("n", "NVIDIA-A100-SXM4-40GB", 1, "three")], [young], layouts
+    )
+    state.set_pod(old)
+    state.settle()
+
+    def holders() -> dict[int, str | None]:
+        result = state.results["n"]
+        assert isinstance(result, NodeTopology)
+        return {d.gpu_instance_id: d.status.allocated_by.pod if d.status and d.status.allocated_by else None
+                for d in result.gpus[0].mig_devices or ()}  # fmt: skip
+
+    assert holders() == {7: "young", 8: "old", 9: "old"}
+    state.set_node(static_node("n", "NVIDIA-A100-SXM4-40GB", 1, "two"))
+    state.settle()
+    assert holders() == {7: "young", 9: None}
+    assert [str(w) for w in state.all_warnings()] == [
+        "pod team/old: spec.containers[0].resources.limits[nvidia.com/mig-1g.5gb]: asks for 2 "
+        "1g.5gb, node n has 1 free"
+    ]
 
 
 # --- 3. built-in layouts and the driver's placement ----------------------------------------------
