@@ -377,3 +377,25 @@ def test_whole_gpus_of_a_dynamic_mig_node_go_oldest_first_and_stay() -> None:
     state.set_pod(gpu_pod("next", "dyn", 1, "2024-01-04T00:00:00Z"))
     state.settle()
     assert holders() == [None, "next", "late"]
+
+
+def test_claims_on_a_run_ai_node_that_cannot_be_met_are_one_line_each() -> None:
+    """Pods without a creation time go by namespace, then name; a second claim on a device, or
+    one past the node's GPUs, is refused; a claim naming the wrong profile still holds it."""
+    first, second = mig_pod("first", 4), mig_pod("second", 4)
+    wrong, far = mig_pod("wrong", 6, profile="2g.10gb"), mig_pod("far", 0, gpuindex=1)
+    z, a = mig_pod("z", 0, profile="2g.10gb"), mig_pod("a", 0, profile="2g.10gb")
+    z["metadata"]["namespace"], a["metadata"]["namespace"] = "alpha", "beta"
+    del z["spec"]["containers"]  # no container to name
+    topology, warnings = reconcile([REAL_NODE], [second, wrong, far, a, z, first])
+    assert {p: d.status.allocated_by for p, d in devices(topology).items() if d.status} == {
+        0: AllocatedBy("alpha", "z", ""),
+        4: AllocatedBy("team", "first", "main"),
+        6: AllocatedBy("team", "wrong", "main"),
+    }
+    assert [str(w) for w in warnings] == [
+        "pod beta/a: metadata.annotations[runai-mig-device]: device already held by pod alpha/z",
+        f"pod team/far: metadata.annotations[runai-mig-device]: node {NAME} has no MIG device at GPU 1 position 0",
+        "pod team/second: metadata.annotations[runai-mig-device]: device already held by pod team/first",
+        "pod team/wrong: metadata.annotations[runai-mig-device].name: asks for 2g.10gb, device is 1g.5gb",
+    ]

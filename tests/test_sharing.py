@@ -202,6 +202,31 @@ def test_a_pod_asking_for_two_replicas_gets_them_on_two_gpus() -> None:
     assert placement(topology) == [[(0, "two")], [(0, "two")]]
 
 
+def test_a_pod_prefers_gpus_it_has_not_picked_when_loads_tie() -> None:
+    # x1 holds GPU 1's replica 0 (x0, on GPU 0, ended). y's four replicas: GPU 0, then GPU 1
+    # (loads 1:1), GPU 0 (1:2), and at 2:2 GPU 1 again, which y has picked once, not twice.
+    x0, x1 = (sharing_pod(f"x{i}", f"2026-01-01T00:00:0{i}Z", 1000, 10, node="n2") for i in (0, 1))
+    state = ClusterState.of([two_gpu_node(4)], [x0, x1])
+    state.delete_pod(pod_key(x0))
+    state.set_pod(sharing_pod("y", "2026-01-01T00:00:02Z", 1000, 10, node="n2", count=4))
+    state.settle()
+    assert placement(state.topology()) == [[(0, "y"), (1, "y")], [(0, "x1"), (1, "y"), (2, "y")]]
+
+
+def test_each_container_of_a_sharing_pod_gets_its_own_replicas() -> None:
+    two = pod(
+        "two",
+        "n2",
+        "2026-01-01T00:00:00Z",
+        {"a": {"nvidia.com/gpu": "1"}, "b": {"nvidia.com/gpu": "2"}},
+    )
+    topology, warnings = reconcile([two_gpu_node(4)], [two])
+    assert warnings == []
+    by_container = [[(r.index, r.holder.container) for r in (g.status.replicas if g.status else ())]
+                    for g in topology.nodes["n2"].gpus]  # fmt: skip
+    assert by_container == [[(0, "a"), (1, "b")], [(0, "b")]]
+
+
 def test_a_pod_keeps_its_replica_and_the_named_pod_stays_while_it_lives() -> None:
     node = two_gpu_node(4)
     pods = [sharing_pod(f"p{i}", f"2026-01-01T00:00:0{i}Z", 1000, 10, node="n2") for i in range(4)]
@@ -304,6 +329,18 @@ def test_time_slicing_on_static_mig_instances(tmp_path: Path, virtual: bool) -> 
     assert list(dict.fromkeys(s.name for s in series)) == list(
         dict.fromkeys(s.name for s in parse(MIG_DUMP))
     )
+
+
+def test_a_shared_instance_s_default_use_is_a_share_of_the_instance() -> None:
+    # 90 % of its part of the 3g.20gb instance (19968 MiB, two replicas), not of the GPU.
+    node = shared(real_node_static("all-3g.20gb"), "time-slicing", 2, resource="mig-3g.20gb")
+    quiet = pod("quiet", NODE, "2026-01-01T00:00:00Z", {"main": {"nvidia.com/mig-3g.20gb": "1"}})
+    topology, warnings = reconcile([node], [quiet])
+    assert warnings == []
+    held = [d.status for g in topology.nodes[NODE].gpus for d in g.mig_devices or () if d.status]
+    assert [u.fb_used for s in held for u in s.pod_gpu_usage_status.values()] == [
+        int(19968 // 2 * 0.9)
+    ]
 
 
 def test_the_renamed_resource_is_shared_the_same_way(tmp_path: Path) -> None:
