@@ -14,7 +14,7 @@ from exporter import dcgm
 from status_updater import reconcile as rc
 from status_updater.reconcile import gpu_uuid
 from status_updater.state import ClusterState, reconcile
-from topology.model import AllocatedBy, NodeTopology, Topology
+from topology.model import AllocatedBy, NodeTopology, Topology, dump_yaml
 
 REAL_NODE: dict[str, Any] = yaml.safe_load(
     (SAMPLES / "nodes" / "a100-40gb-3-instances.yaml").read_text()
@@ -259,6 +259,25 @@ def test_single_strategy_counts_physical_gpus() -> None:
         ("1g.10gb", 0),
         ("1g.10gb", 1),
     ]
+
+
+def test_single_strategy_gpus_of_a_run_ai_node() -> None:
+    """GFD counts MIG devices: the GPUs are those mig.config names, or with `devices: all`
+    the count over the devices per GPU (never fewer than one)."""
+    sample = yaml.safe_load((SAMPLES / "nodes" / "a100-80gb-single-strategy.yaml").read_text())
+    config = sample["metadata"]["annotations"]["run.ai/mig.config"]
+    named = json.loads(json.dumps(sample))
+    named["metadata"]["name"] = "named"
+    named["metadata"]["labels"]["nvidia.com/gpu.count"] = "3"
+    named["metadata"]["annotations"]["run.ai/mig.config"] = config.replace(
+        "devices: all", "devices: [0]"
+    )
+    four = json.loads(json.dumps(sample))
+    four["metadata"]["name"] = "four"
+    four["metadata"]["labels"]["nvidia.com/gpu.count"] = "4"
+    topology, _ = reconcile([named, four], [])
+    assert {n: node.gpu_count for n, node in topology.nodes.items()} == {"named": 1, "four": 2}
+    assert dump_yaml(topology).count("gpu-count: 2\n") == 1
 
 
 def test_a_mapping_copied_to_another_node_is_a_bad_node() -> None:
