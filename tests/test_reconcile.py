@@ -373,6 +373,7 @@ def test_whole_gpus_of_a_dynamic_mig_node_go_oldest_first_and_stay() -> None:
         gpu_pod("late", "dyn", 1, "2024-01-02T00:00:00Z"),
     )
     greedy = gpu_pod("greedy", "dyn", 2, "2024-01-03T00:00:00Z")  # fmt: skip
+    late["metadata"]["annotations"] = {"run.ai/simulated-fb-used": "lots"}  # the default is used
     state = ClusterState.of([node], [late, greedy, early])
 
     def holders() -> list[str | None]:
@@ -388,7 +389,8 @@ def test_whole_gpus_of_a_dynamic_mig_node_go_oldest_first_and_stay() -> None:
     assert status is not None and status.allocated_by == AllocatedBy("ns", "early", "c")
     assert list(status.pod_gpu_usage_status) == ["uid-early"]
     assert [str(w) for w in state.all_warnings()] == [
-        "pod ns/greedy: spec.containers[].resources.limits[nvidia.com/gpu]: asks for 2 GPUs, node dyn has 0 free"
+        "pod ns/late: metadata.annotations[run.ai/simulated-fb-used]: expected MiB or a percentage, got 'lots'",
+        "pod ns/greedy: spec.containers[].resources.limits[nvidia.com/gpu]: asks for 2 GPUs, node dyn has 0 free",
     ]
     state.delete_pod(rc.pod_key(early))
     state.settle()

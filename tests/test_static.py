@@ -335,7 +335,10 @@ def test_each_container_gets_its_own_devices_and_the_pod_is_warned_once() -> Non
         """,
         "test",
     )
-    gpu, small = {"nvidia.com/gpu": "1"}, {"nvidia.com/mig-1g.5gb": "1"}
+    gpu, small = (
+        {"nvidia.com/gpu": "1", "cpu": "2", "memory": "1Gi"},
+        {"nvidia.com/mig-1g.5gb": "1"},
+    )
     job = pod("job", "n", "2024-01-01T00:00:00Z", {"a": gpu, "m1": small, "b": gpu, "m2": small, "c": gpu},
               annotations={"run.ai/simulated-fb-used": "lots"})  # fmt: skip
     del job["metadata"]["namespace"]
