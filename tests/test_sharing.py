@@ -343,6 +343,22 @@ def test_a_shared_instance_s_default_use_is_a_share_of_the_instance() -> None:
     ]
 
 
+def test_replicas_of_one_profile_stay_on_its_instances_which_keep_their_ids() -> None:
+    plain = real_node_static("all-balanced")  # 1g.5gb x2, 2g.10gb, 3g.20gb
+    node = shared(plain, "time-slicing", 2, resource="mig-1g.5gb")
+    small = pod("small", NODE, "2026-01-01T00:00:00Z", {"main": {"nvidia.com/mig-1g.5gb": "3"}})
+    topology, warnings = reconcile([node], [small])
+    unshared, _ = reconcile([plain], [])
+    assert warnings == []
+    devices = [d for g in topology.nodes[NODE].gpus for d in g.mig_devices or ()]
+    before = [d for g in unshared.nodes[NODE].gpus for d in g.mig_devices or ()]
+    assert [d.id for d in devices] == [d.id for d in before]
+    assert [(d.name, len(d.status.replicas)) for d in devices if d.status] == [
+        ("1g.5gb", 2),
+        ("1g.5gb", 1),
+    ]
+
+
 def test_the_renamed_resource_is_shared_the_same_way(tmp_path: Path) -> None:
     node = shared(WHOLE, "time-slicing", renamed=True)
     node["status"] = {"allocatable": {"nvidia.com/gpu.shared": "4"}}
