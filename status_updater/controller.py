@@ -73,6 +73,7 @@ class Controller:
         self.events: queue.SimpleQueue[tuple[str, str, Any]] = queue.SimpleQueue()
         self.dirty = threading.Event()
         self.synced: set[str] = set()  # which of "nodes", "pods", "layouts" have been listed
+        self.failing: set[str] = set()  # informers that failed since their last list
         self._pending: set[str] = set()  # nodes changed since the last successful write
         self._full = True  # compare everything at the next write
         self._warned: dict[str, set[str]] = {}
@@ -85,6 +86,16 @@ class Controller:
     def _reset(self, what: str, items: list[Obj]) -> None:
         self.events.put((what, "RESET", items))  # slimmed page by page as they were listed
         self.dirty.set()
+
+    def _informer_error(self, what: str, message: str) -> None:
+        self.events.put((what, "ERROR", message))
+        self.dirty.set()
+
+    def following(self) -> bool:
+        """Every informer has listed, and none has failed since: what the state holds is the
+        cluster. A leader that took over while its pod watch was failing would otherwise
+        write a cache missing the pods created meanwhile, and take their devices away."""
+        return self.synced == {"nodes", "pods", "layouts"} and not self.failing
 
     def _event(self, what: str, kind: str, obj: Obj) -> None:
         slim = rc.slim_node if what == "nodes" else rc.slim_pod
@@ -148,7 +159,10 @@ class Controller:
                     lambda kind, o, w=what: self._event(w, kind, o),
                     stop,
                 ),
-                kwargs={"transform": slim},
+                kwargs={
+                    "transform": slim,
+                    "on_error": lambda message, w=what: self._informer_error(w, message),
+                },
             )
             for what, list_call, slim in sources
         ]
@@ -165,10 +179,13 @@ class Controller:
             elif what not in self.synced:
                 log.warning("%s: NVIDIA's built-in MIG layouts until it can be read", payload)
             self.synced.add(what)
+        elif kind == "ERROR":
+            self.failing.add(what)  # until its next list
         elif kind == "RESET":
             reset = state.reset_nodes if what == "nodes" else state.reset_pods
             reset(payload, slimmed=True)  # the informer slimmed each page as it arrived
             self.synced.add(what)
+            self.failing.discard(what)
             self._listed = True
         elif what == "nodes":
             if kind == "DELETED":
@@ -250,7 +267,7 @@ class Controller:
             if stop.is_set():
                 return
             self.drain()
-            if self.synced != {"nodes", "pods", "layouts"}:
+            if not self.following():
                 continue
             if not self._remembered:
                 # Before the first placement (and on taking over): what the ConfigMaps hold is

@@ -225,3 +225,18 @@ def test_a_quiet_exporter_renders_once_per_change_not_per_watchdog_look() -> Non
         stop.set()
         exporter.wake.set()
         loop.join(3)
+
+
+def test_the_writer_waits_while_an_informer_fails_until_it_lists_again() -> None:
+    controller = Controller(None, None)  # type: ignore[arg-type]
+    for what in ("nodes", "pods"):
+        controller._reset(what, [])
+    controller.events.put(("layouts", "RESET", None))
+    controller.drain()
+    assert controller.following()
+    controller._informer_error("pods", "pods: HTTP 500 Internal Server Error")
+    controller.drain()
+    assert not controller.following()  # its cache may miss pods created meanwhile
+    controller._reset("pods", [])
+    controller.drain()
+    assert controller.following()
