@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MIG_SUFFIX = "-MIG-"
+SHARED_PRODUCT_SUFFIX = "-SHARED"  # GFD's product label of a shared GPU (time-slicing, MPS)
 
 
 @dataclass(frozen=True)
@@ -496,7 +497,7 @@ _BY_LABEL: dict[str, GpuModel] = {label: m for m in MODELS for label in m.produc
 def base_product(product_label: str) -> str:
     """`NVIDIA-A100-80GB-PCIe-MIG-1g.10gb` (single strategy) -> `NVIDIA-A100-80GB-PCIe`; GPU
     sharing's `-SHARED` suffix (`NVIDIA-A100-SXM4-40GB-SHARED`) goes too."""
-    return product_label.removesuffix("-SHARED").split(MIG_SUFFIX, 1)[0]
+    return product_label.removesuffix(SHARED_PRODUCT_SUFFIX).split(MIG_SUFFIX, 1)[0]
 
 
 def model_for_product(product_label: str) -> GpuModel | None:

@@ -24,8 +24,6 @@ from topology.runai import MIG_RESOURCE_PREFIX
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_SUFFIX = ".shared"  # the renamed resource
 SHARED_GPU_RESOURCE = GPU_RESOURCE + SHARED_SUFFIX
-SHARED_PRODUCT_SUFFIX = "-SHARED"
-LABEL_MPS_CAPABLE = "nvidia.com/mps.capable"
 MAX_REPLICAS = 1024  # far above any real configuration; bounds what one label can make us hold
 
 
@@ -53,18 +51,19 @@ def parse_sharing(labels: Mapping[str, str], obj: str) -> Sharing | None:
             raise TopologyError(
                 obj, f"metadata.labels[{key}]", f"expected 0 to {MAX_REPLICAS}, got {text!r}"
             )
+        replicas = int(text)
         strategy_key = f"{resource}.sharing-strategy"
-        strategy = labels.get(strategy_key, "time-slicing" if int(text) > 1 else "none")
+        strategy = labels.get(strategy_key, "time-slicing" if replicas > 1 else "none")
         if strategy not in (*SHARING_STRATEGIES, "none"):
             raise TopologyError(
                 obj,
                 f"metadata.labels[{strategy_key}]",
                 f"must be time-slicing, mps or none, got {strategy!r}",
             )
-        if strategy == "none" or int(text) < 2:
+        if strategy == "none" or replicas < 2:
             continue
-        if found is None or int(text) > found.replicas:
-            found = Sharing(strategy, int(text))
+        if found is None or replicas > found.replicas:
+            found = Sharing(strategy, replicas)
     return found
 
 
