@@ -709,6 +709,15 @@ class _Node:
                 and self.reserved_replicas.get((g, d, r), uid) == uid
             )
 
+        def first_free(
+            dev: tuple[int, int | None], chosen: list[tuple[int, int | None, int]]
+        ) -> int | None:
+            g, d = dev
+            return next(
+                (r for r in range(count_per_device) if free(g, d, r) and (g, d, r) not in chosen),
+                None,
+            )
+
         for ci, container, resource, count in requests(pod):
             resource = base_resource(resource)
             profile = None if resource == GPU_RESOURCE else resource.removeprefix(
@@ -717,18 +726,14 @@ class _Node:
             mine = [(g, d, r) for g, d, r, c in self.kept_replicas.get(uid, ())
                     if c == container and (g, d) in devices and free(g, d, r)]  # fmt: skip
             chosen: list[tuple[int, int | None, int]] = mine[:count]
+            # This container's replicas per device; with those held before, the device's load.
             picked = {dev: sum(1 for g, d, _ in chosen if (g, d) == dev) for dev in devices}
             for _ in range(count - len(chosen)):
-                load = {
-                    dev: len(self.replicas.get(dev, {})) + sum(1 for g, d, _ in chosen
-                                                               if (g, d) == dev)
-                    for dev in devices
-                }  # fmt: skip
-                open_devices = [
-                    dev for dev in devices
-                    if any(free(*dev, r) and (*dev, r) not in chosen for r in range(count_per_device))
-                ]  # fmt: skip
-                if not open_devices:
+                # device -> its lowest replica still free for this container
+                lowest_open = {
+                    dev: r for dev in devices if (r := first_free(dev, chosen)) is not None
+                }
+                if not lowest_open:
                     what = profile or "GPU"
                     free_count = sum(
                         1 for dev in devices for r in range(count_per_device) if free(*dev, r)
@@ -738,10 +743,9 @@ class _Node:
                         f"spec.containers[{ci}].resources.limits[{resource}]",
                         f"asks for {count} {what} replicas, node {self.name} has {free_count} free",
                     )
-                dev = min(open_devices, key=lambda v: (load[v], picked[v], self._order(v)))
-                r = next(r for r in range(count_per_device)
-                         if free(*dev, r) and (*dev, r) not in chosen)  # fmt: skip
-                chosen.append((*dev, r))
+                dev = min(lowest_open, key=lambda v: (
+                    len(self.replicas.get(v, {})) + picked[v], picked[v], self._order(v)))  # fmt: skip
+                chosen.append((*dev, lowest_open[dev]))
                 picked[dev] += 1
             picks += [(g, d, r, container) for g, d, r in chosen]
             taken.update(chosen)
