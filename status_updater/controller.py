@@ -239,7 +239,7 @@ class Controller:
 
     def settle(self) -> set[str]:
         changed = self.state.settle()
-        for name in changed | self.state.reconsidered:
+        for name in self.state.reconsidered:  # changed or not: warnings may be new either way
             warnings = {str(w): w for w in self.state.node_warnings(name)}
             messages = set(warnings)
             for m in sorted(messages - self._warned.get(name, set())):

@@ -84,7 +84,9 @@ class ClusterState:
         self._placed: dict[str, NodeTopology] = {}
         self.results: dict[str, NodeResult] = {}  # what each GPU node's entry should be
         self.warnings: dict[str, list[TopologyError]] = {}  # per node, from its last compute
-        self.reconsidered: set[str] = set()  # the nodes the last settle() computed again
+        # The nodes the last settle() computed again: those it returns, and those whose result
+        # stayed the same.
+        self.reconsidered: set[str] = set()
         # id -> the node whose devices carry it, or the nodes (a set) where several do. A set
         # only where it is needed: a big cluster has hundreds of thousands of ids.
         self._claims: dict[str, str | set[str]] = {}
@@ -207,7 +209,7 @@ class ClusterState:
         # Their warnings may have changed with the same result: a pod that cannot be placed.
         self.reconsidered = touched | recheck
         changed = {name for name in rebuilt if name in self.nodes}  # never O(cluster)
-        for name in touched | recheck:
+        for name in self.reconsidered:
             result = self._judge(name)
             if self.results.get(name) != result:
                 changed.add(name)
