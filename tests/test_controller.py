@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import kubernetes
 import pytest
 from kubeapi import KubeAPI, eventually
 from test_reconcile import gpu_pod, whole_gpu_node
@@ -216,3 +217,32 @@ def test_the_updater_exits_when_one_of_its_loops_stops(
     assert code == 1
     assert time.monotonic() - started < 5
     assert "the writer thread stopped; exiting to be restarted" in caplog.text
+
+
+def test_a_failing_pod_watch_pauses_the_writes_until_pods_are_listed_again() -> None:
+    """The informers report their failures: the writer waits (`following()` false) from the
+    failure until the next good list, as a cache that missed pods must not be written."""
+    with KubeAPI.start(strict=True) as kube:
+        core = kubernetes.client.CoreV1Api(kube.api_client())
+        controller = Controller(core, Recorder())
+        stop = threading.Event()
+        for thread in controller.informers(stop):
+            thread.start()
+        seen: list[tuple[bool, bool]] = []  # (pods failing, following), after each event
+
+        def apply_events() -> list[tuple[bool, bool]]:
+            while not controller.events.empty():
+                controller._apply(*controller.events.get())
+                seen.append(("pods" in controller.failing, controller.following()))
+            return seen
+
+        try:
+            eventually(lambda: apply_events() and seen[-1] == (False, True), timeout=10)
+            seen.clear()
+            kube.fail_next(2, action="list", plural="pods")
+            kube.cut_watches(abort=True)
+            eventually(lambda: apply_events() and seen[-1] == (False, True), timeout=20)
+            assert (True, False) in seen  # the writes waited while the pods were not followed
+        finally:
+            stop.set()
+            kube.cut_watches()
