@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 COALESCE_S = 0.2  # a storm of events within this window gives one write per changed node
 RESYNC_S = 30.0  # how often a quiet leader compares what is written with what should be
 LAYOUTS_ATTEMPTS = 3  # failed reads of the mig-parted ConfigMap before writing without it
+SOURCES = frozenset({"nodes", "pods", "layouts"})  # what is listed before anything is written
 
 
 class Writer(Protocol):
@@ -72,7 +73,7 @@ class Controller:
         self.state = ClusterState()
         self.events: queue.SimpleQueue[tuple[str, str, Any]] = queue.SimpleQueue()
         self.dirty = threading.Event()
-        self.synced: set[str] = set()  # which of "nodes", "pods", "layouts" have been listed
+        self.synced: set[str] = set()  # which of SOURCES have been listed
         self.failing: set[str] = set()  # informers that failed since their last list
         self._pending: set[str] = set()  # nodes changed since the last successful write
         self._full = True  # compare everything at the next write
@@ -95,7 +96,7 @@ class Controller:
         """Every informer has listed, and none has failed since: what the state holds is the
         cluster. A leader that took over while its pod watch was failing would otherwise
         write a cache missing the pods created meanwhile, and take their devices away."""
-        return self.synced == {"nodes", "pods", "layouts"} and not self.failing
+        return self.synced == SOURCES and not self.failing
 
     def _event(self, what: str, kind: str, obj: Obj) -> None:
         slim = rc.slim_node if what == "nodes" else rc.slim_pod

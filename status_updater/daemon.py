@@ -11,7 +11,7 @@ import kubernetes
 
 from exporter.server import MetricsServer, Published, Snapshot
 from kube.api import ConfigError, api_client, topology_name, topology_namespace
-from status_updater.controller import Controller, Writer
+from status_updater.controller import SOURCES, Controller, Writer
 from status_updater.leader import LeaderElector
 from status_updater.pernode import PerNodeWriter
 from status_updater.single import SingleWriter
@@ -105,7 +105,7 @@ def run(
 def _health(controller: Controller, leader: bool, dead: list[str]) -> Snapshot:
     """`/health` and the updater's own `/metrics`: whether it follows the cluster, and what it
     had to skip."""
-    waiting = sorted({"nodes", "pods", "layouts"} - controller.synced)
+    waiting = sorted(SOURCES - controller.synced)
     if dead:
         reason = f"the {', '.join(dead)} thread stopped"
     elif waiting:
