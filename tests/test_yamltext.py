@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from enum import IntEnum, StrEnum
+from types import MappingProxyType
+
 import yaml
 from conftest import examples
 from hypothesis import given, settings
@@ -35,3 +39,52 @@ def test_layout_is_pyyamls_block_style() -> None:
                              "on": True, "empty": {}, "none": []}}, "list": [[1, 2], "yes"]}  # fmt: skip
     expected = yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
     assert yamltext.dump(tree) == expected
+
+
+def test_values_and_subclasses_lay_out_as_their_plain_types() -> None:
+    class Name(StrEnum):
+        A = "1g.5gb"
+
+    class Count(IntEnum):
+        TWO = 2
+
+    plain = {"a": ["x", "y"], "m": {"k": 1}, "one": {"k": None}, "empty": {}, "none": [], "nil": None,
+             "s": "1g.5gb", "n": 2}  # fmt: skip
+    dressed = {"a": ("x", "y"), "m": MappingProxyType({"k": 1}), "one": OrderedDict(k=None),
+               "empty": OrderedDict(), "none": (), "nil": None, "s": Name.A, "n": Count.TWO}  # fmt: skip
+    expected = yaml.safe_dump(plain, sort_keys=False, default_flow_style=False)
+    assert yamltext.dump(dressed) == yamltext.dump(plain) == expected
+    assert yamltext.dump([OrderedDict(k=[("x",)])]) == yamltext.dump([{"k": [["x"]]}])
+
+
+# Characters at each edge of the escapes: printable ASCII, \xXX, \uXXXX and \UXXXXXXXX. PyYAML
+# writes a few more as named escapes (\a, \e, \N, \_ …); none of them is here.
+EDGES = [
+    " ",
+    "!",
+    "~",
+    "\x7f",
+    "\x1f",
+    "\x80",
+    "\xfe",
+    "\xff",
+    "\u0100",
+    "\ufffd",
+    "\uffff",
+    "\U00010000",
+]
+
+
+def test_escapes_are_pyyamls() -> None:
+    for c in EDGES:
+        tree = {"k": "\x01" + c}  # the control character makes both write it double-quoted
+        assert yamltext.dump(tree) == yaml.safe_dump(tree, width=10**9), repr(c)
+
+
+def test_a_key_is_implicit_up_to_yamls_limit_of_1024_characters_as_written() -> None:
+    for text, written in (("a" * 1024, "a" * 1024), ("1" * 1022, "'" + "1" * 1022 + "'")):
+        assert yamltext.dump({text: 1}) == f"{written}: 1\n"
+        assert yaml.safe_load(yamltext.dump({text: 1})) == {text: 1}
+    for text in ("a" * 1025, "1" * 1023):
+        assert yamltext.dump({text: 1}).startswith("? ")
+        assert yaml.safe_load(yamltext.dump({text: 1})) == {text: 1}

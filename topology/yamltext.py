@@ -78,15 +78,16 @@ def scalar(value: object) -> str:
     raise TypeError(f"cannot write {type(value).__name__} as YAML")
 
 
-# YAML limits an implicit key (`key: value`) to 1024 characters: a longer one (a name nobody
-# validated) is written as an explicit key, `? key` then `: value`, which has no limit.
+# YAML limits an implicit key (`key: value`) to 1024 characters as written, quotes included: a
+# longer one (a name nobody validated) is written as an explicit key, `? key` then `: value`,
+# which has no limit.
 MAX_IMPLICIT_KEY = 1024
 
 
 def key(value: object, indent: str) -> str:
     """`<indent>key:` (the value, if any, follows after a space), as one or two lines."""
     text = scalar(value)
-    if len(text) <= MAX_IMPLICIT_KEY - 2:
+    if len(text) <= MAX_IMPLICIT_KEY:
         return f"{indent}{text}:"
     return f"{indent}? {text}\n{indent}:"
 
