@@ -398,12 +398,15 @@ def test_live_four_replicas_six_pods_spread_and_per_pod_series(tmp_path: Path) -
     node["metadata"].pop("uid", None)
     node.pop("status", None)
     with running(tmp_path) as d:
-        d.updater()
-        url = d.exporter("--node-name", "gpu-share", "--kubernetes-virtual-gpus")
+        # The pods exist before the updater starts, so its first list holds them all: a pod that
+        # came alone would keep the replica it got then (a pod never moves), and the spread below
+        # would depend on how the events were batched.
         d.kube.create("nodes", node)
         for i in (2, 0, 5, 3, 1, 4):  # created out of age order
             d.kube.create("pods", sharing_pod(f"p{i}", f"2026-01-01T00:00:0{i}Z", 1000 * (i + 1),
                                               10, node="gpu-share"), namespace="team")  # fmt: skip
+        d.updater()
+        url = d.exporter("--node-name", "gpu-share", "--kubernetes-virtual-gpus")
 
         def served_pods() -> dict[str, list[tuple[str, str]]]:
             series = by_name(parse(get(f"{url}/metrics")[1].split("# HELP mig_")[0]),
