@@ -10,6 +10,7 @@ rule written out here (fewest replicas taken first, oldest pod first), not the c
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -398,13 +399,16 @@ def test_live_four_replicas_six_pods_spread_and_per_pod_series(tmp_path: Path) -
     node["metadata"].pop("uid", None)
     node.pop("status", None)
     with running(tmp_path) as d:
-        # The pods exist before the updater starts, so its first list holds them all: a pod that
-        # came alone would keep the replica it got then (a pod never moves), and the spread below
-        # would depend on how the events were batched.
+        # The API server stamps creationTimestamp itself, to the second: p5 is created a second
+        # before the others, so it is the oldest whatever its name. The pods exist before the
+        # updater starts, so its first list holds them all and places them oldest first (a pod
+        # that came alone would keep the replica it got then: a pod never moves).
         d.kube.create("nodes", node)
-        for i in (2, 0, 5, 3, 1, 4):  # created out of age order
-            d.kube.create("pods", sharing_pod(f"p{i}", f"2026-01-01T00:00:0{i}Z", 1000 * (i + 1),
-                                              10, node="gpu-share"), namespace="team")  # fmt: skip
+        for i in (5, 0, 1, 2, 3, 4):
+            d.kube.create("pods", sharing_pod(f"p{i}", "2026-01-01T00:00:00Z", 1000 * (i + 1), 10,
+                                              node="gpu-share"), namespace="team")  # fmt: skip
+            if i == 5:
+                time.sleep(1.1)
         d.updater()
         url = d.exporter("--node-name", "gpu-share", "--kubernetes-virtual-gpus")
 
@@ -417,8 +421,8 @@ def test_live_four_replicas_six_pods_spread_and_per_pod_series(tmp_path: Path) -
             return out
 
         # The spread the device plugin makes: oldest pod first, on the GPU with fewer taken.
-        want = {"0": [("0", "p0"), ("1", "p2"), ("2", "p4")],
-                "1": [("0", "p1"), ("1", "p3"), ("2", "p5")]}  # fmt: skip
+        want = {"0": [("0", "p5"), ("1", "p1"), ("2", "p3")],
+                "1": [("0", "p0"), ("1", "p2"), ("2", "p4")]}  # fmt: skip
         eventually(lambda: served_pods() == want, timeout=30)
         cm = d.kube.find("configmaps", "topology-gpu-share", "gpu-operator")
         entry = yaml.safe_load(cm["data"]["topology.yml"])["nodes"]["gpu-share"]
@@ -427,12 +431,12 @@ def test_live_four_replicas_six_pods_spread_and_per_pod_series(tmp_path: Path) -
         series = by_name(parse(get(f"{url}/metrics")[1].split("# HELP mig_")[0]),
                          "DCGM_FI_DEV_FB_USED")  # fmt: skip
         assert {(s.label("gpu"), s.value) for s in series} == {
-            ("0", 1000 + 3000 + 5000),
-            ("1", 2000 + 4000 + 6000),
+            ("0", 6000 + 2000 + 4000),
+            ("1", 1000 + 3000 + 5000),
         }
         # p0 ends: its replica goes, the others keep theirs.
         d.kube.delete("pods", "p0", namespace="team")
-        want["0"] = [("1", "p2"), ("2", "p4")]
+        want["1"] = [("1", "p2"), ("2", "p4")]
         eventually(lambda: served_pods() == want, timeout=30)
 
 
