@@ -88,3 +88,11 @@ def _in_process(args: list[str], env: dict[str, str]) -> subprocess.CompletedPro
 @pytest.fixture
 def samples() -> Path:
     return SAMPLES
+
+
+def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str) -> str | None:
+    """A string with a blank at either end is named by its repr: mutmut hands test ids back to
+    pytest as arguments, and a test whose id ends in a blank is then not found."""
+    if isinstance(val, str) and val != val.strip():
+        return repr(val)
+    return None
