@@ -91,8 +91,9 @@ def samples() -> Path:
 
 
 def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str) -> str | None:
-    """A string with a blank at either end is named by its repr: mutmut hands test ids back to
-    pytest as arguments, and a test whose id ends in a blank is then not found."""
-    if isinstance(val, str) and val != val.strip():
-        return repr(val)
+    """A string with a blank at either end, or with a character outside ASCII, is named by its
+    ascii(): mutmut hands test ids back to pytest as arguments, and pytest then finds no test
+    whose id ends in a blank or holds the escape it made of such a character."""
+    if isinstance(val, str) and (val != val.strip() or not val.isascii()):
+        return ascii(val)
     return None

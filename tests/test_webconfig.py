@@ -439,7 +439,9 @@ CONFIG_ERRORS = [
 
 
 @pytest.mark.parametrize(
-    ("config", "expected"), CONFIG_ERRORS, ids=[e[:60].strip() for _, e in CONFIG_ERRORS]
+    ("config", "expected"),
+    CONFIG_ERRORS,
+    ids=[e[:60].encode("ascii", "replace").decode().strip() for _, e in CONFIG_ERRORS],
 )
 def test_config_errors_are_one_line_naming_file_and_field(
     pki: Pki, config: str, expected: str
