@@ -8,6 +8,14 @@ repeated, and judged by mutmut with the configuration of `pyproject.toml`.
 
     python scripts/mutation_sample.py --per-package 250 --seed 9
     python scripts/mutation_sample.py --report-only   # the last run's figures again
+    python scripts/mutation_sample.py --rejudge-only  # survivors judged again (after new tests)
+
+mutmut forks each mutant's test run from a process that has imported the product already, and
+picks the tests by the calls it saw once. So it cannot kill a mutant of code that runs at import
+(the catalog's tables are built then), nor see every test that reaches a cached function (only
+the first caller fills the cache). Each survivor is therefore judged again in a fresh process that
+imports the product with the mutant on, by the whole unit suite (stopping at the first failure,
+the test modules named after the mutant's module first): `rejudged` in the report.
 
 Prints, per package and for the product (packages weighted by their mutant counts), the score
 with its 95 % Wilson interval, then the survivors. Exit 0 whatever the score: the figures are
@@ -21,17 +29,29 @@ import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tomllib
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mutmut.stats import status_by_exit_code
 
 # The packages issue 9 holds to 90 %; kube/ (the API client plumbing) is judged by `make mutation`.
 PACKAGES = ("topology", "status_updater", "exporter")
-DETECTED = ("killed", "timeout", "segfault")
+DETECTED = ("killed", "timeout", "segfault", "rejudged")
 MUTMUT = [sys.executable, "-m", "mutmut"]
+# Quick tests of the whole pipeline, run right after the mutant's own module's when a survivor is
+# judged again: most mutants they catch, they catch in seconds.
+BROAD = (
+    "test_golden.py",
+    "test_reconcile.py",
+    "test_static.py",
+    "test_exporter.py",
+    "test_sharing.py",
+)
 
 
 def statuses(root: Path) -> dict[str, str]:
@@ -41,6 +61,26 @@ def statuses(root: Path) -> dict[str, str]:
         for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
             found[name] = status_by_exit_code[code]
     return found
+
+
+def rejudge(root: Path, name: str) -> str:
+    """`killed` if the unit suite fails with the mutant on from the first import, else `survived`."""
+    selection = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mutmut"]
+    args = selection["pytest_add_cli_args_test_selection"]
+    module = name.split(".")[1].split("__")[0]  # topology.catalog.x__p__mutmut_30 -> catalog
+    tests = root / "mutants" / "tests"
+    named = sorted(f"tests/{p.name}" for p in tests.glob(f"test_*{module}*.py"))
+    first = [*named, *(f"tests/{t}" for t in BROAD if f"tests/{t}" not in named)]
+    env = {**os.environ, "MUTANT_UNDER_TEST": name}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", *first, *args],
+        cwd=root / "mutants",
+        env=env,
+        capture_output=True,
+        timeout=900,
+        check=False,
+    )
+    return "survived" if run.returncode == 0 else "killed"
 
 
 def package(name: str) -> str:
@@ -106,10 +146,15 @@ def main() -> int:
     parser.add_argument(
         "--report-only", action="store_true", help="print the last run's figures, run nothing"
     )
+    parser.add_argument(
+        "--rejudge-only",
+        action="store_true",
+        help="judge the last run's survivors again, then report",
+    )
     args = parser.parse_args()
     root = Path.cwd()
     sample_file = root / "mutants" / "sample.txt"
-    if not args.report_only:
+    if not (args.report_only or args.rejudge_only):
         if not (root / "mutants").is_dir():
             # mutmut makes every mutant before it runs any: a pattern matching none only makes them.
             subprocess.run([*MUTMUT, "run", "no-such-mutant"], check=False, capture_output=True)
@@ -119,7 +164,27 @@ def main() -> int:
             [*MUTMUT, "run", "--max-children", str(args.max_children), *sample], check=False
         )
     sample = sample_file.read_text().split()
-    print(report(statuses(root), sample))
+    found = statuses(root)
+    rejudged_file = root / "mutants" / "rejudged.json"
+    rejudged: dict[str, str] = (
+        json.loads(rejudged_file.read_text()) if rejudged_file.exists() else {}
+    )
+    if not args.report_only:
+        # The tests as they are now (mutmut copied them when it made the mutants).
+        shutil.copytree(root / "tests", root / "mutants" / "tests", dirs_exist_ok=True)
+        left = [
+            n
+            for n in sample
+            if found[n] in ("survived", "no tests") and rejudged.get(n) != "killed"
+        ]
+        with ThreadPoolExecutor(args.max_children) as pool:
+            for name, verdict in zip(left, pool.map(lambda n: rejudge(root, n), left), strict=True):
+                rejudged[name] = verdict
+                rejudged_file.write_text(json.dumps(rejudged, indent=1))
+    for name, verdict in rejudged.items():
+        if verdict == "killed":
+            found[name] = "rejudged"
+    print(report(found, sample))
     return 0
 
 

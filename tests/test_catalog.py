@@ -1,10 +1,23 @@
-"""The MIG catalog against the reference facts (shared/reference/mig-profiles.md)."""
+"""The MIG catalog against the reference facts (shared/reference/mig-profiles.md).
+
+`reference/mig-profiles.json` is a copy of the project's reference file (its sources are in
+mig-profiles.md): the catalog computes each model's profiles from a few figures, and every fact
+it computes is compared here with what was observed or published.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from topology.catalog import MODELS, base_product, model_for_product, nvml_model_name
+from topology.catalog import MODELS, GpuModel, base_product, model_for_product, nvml_model_name
+
+REFERENCE = json.loads((Path(__file__).parent / "reference" / "mig-profiles.json").read_text())
+# The catalog's key where the reference names the model otherwise.
+REFERENCE_KEY = {"H100-96GB": "H100-96GB-GH200"}
 
 # (start, size) -> GI id for orientation A (identity) and B (halves swapped): mig-profiles.md 3.1.
 GI_TABLE = {
@@ -112,3 +125,44 @@ def test_profile_names_per_model(label: str, key: str, profiles: set[str]) -> No
     model = model_for_product(label)
     assert model is not None and model.key == key
     assert profiles <= {p.name for p in model.profiles}
+
+
+def reference(model: GpuModel) -> dict[str, Any]:
+    return REFERENCE["gpus"][REFERENCE_KEY.get(model.key, model.key)]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.key)
+def test_every_profile_is_the_references(model: GpuModel) -> None:
+    """Id, slices, placements, how many fit, and a memory size observed in some driver era (where
+    one was); the reference's PCI ids; every profile the reference gives an id is in the catalog
+    (A30's 2g.12gb+me has none published)."""
+    ref = reference(model)
+    assert model.memory_slots == ref["memory_slots"]
+    assert {pci.split()[-1] for pci in ref["pci_device_ids"]} <= set(model.pci_ids)
+    known = {p["name"]: p for p in ref["profiles"]}
+    assert {p.name for p in model.profiles} == {
+        n for n, p in known.items() if p["profile_id"] is not None
+    }
+    for p in model.profiles:
+        fact = known[p.name]
+        starts = tuple(placement["start"] for placement in fact["placements"])
+        assert (p.profile_id, p.compute_slices, p.memory_slices, p.placements, p.max_count) == (
+            fact["profile_id"], fact["compute_slices"], fact["memory_slices"], starts,
+            fact["max_instances"],
+        ), p.name  # fmt: skip
+        observed = {v for v in (fact["memory_mib"] or {}).values() if type(v) is int}
+        assert p.memory_mib in observed or not observed, p.name  # B200's 3g, 4g, 7g: not observed
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.key)
+def test_instances_without_a_placement_go_where_the_driver_puts_them(model: GpuModel) -> None:
+    """`nvidia-smi mig -cgi` without a placement takes the first free start of the driver's order
+    (reference 3.2, 8-slot GPUs); the A30's was not observed: lowest start first."""
+    order = REFERENCE["gi_id_rule"]["default_cgi_placement_order_logical"]
+    for p in model.profiles:
+        if model.memory_slots == 4 or p.memory_slices == 8:
+            assert p.preferred == p.placements, p.name
+            continue
+        key = {1: "size1", 2: "size2", 4: "size4_3g"}[p.memory_slices]
+        want = [s for s in order[key] if s in p.placements]
+        assert p.preferred == tuple(want + [s for s in p.placements if s not in want]), p.name

@@ -15,7 +15,7 @@ from test_reconcile import gpu_pod, whole_gpu_node
 
 from status_updater import daemon
 from status_updater import reconcile as rc
-from status_updater.controller import Controller
+from status_updater.controller import LAYOUTS_ATTEMPTS, Controller
 from status_updater.single import SingleWriter, TooLarge
 from status_updater.state import ClusterState, Unreadable, reconcile
 from topology.model import NodeTopology
@@ -246,3 +246,38 @@ def test_a_failing_pod_watch_pauses_the_writes_until_pods_are_listed_again() -> 
         finally:
             stop.set()
             kube.cut_watches()
+
+
+def _layout_events(status: int, failures: int) -> list[tuple[str, object]]:
+    """What the mig-parted ConfigMap's informer reports when its first `failures` lists fail
+    with `status`, until it lists: (kind, payload) of each event, in order."""
+    with KubeAPI.start(strict=True) as kube:
+        kube.fail_next(failures, status=status, action="list", plural="configmaps")
+        controller = Controller(kubernetes.client.CoreV1Api(kube.api_client()), Recorder())
+        stop = threading.Event()
+        controller._layouts_informer(stop).start()
+        seen: list[tuple[str, object]] = []
+
+        def reset_seen() -> bool:
+            while not controller.events.empty():
+                _, kind, payload = controller.events.get()
+                seen.append((kind, payload))
+            return any(kind == "RESET" for kind, _ in seen)
+
+        try:
+            eventually(reset_seen, timeout=20)
+        finally:
+            stop.set()
+            kube.cut_watches()
+        return seen
+
+
+def test_passing_failures_to_read_the_layouts_are_retried_before_writing_without_them() -> None:
+    # Two 500s are retried quietly: the writes go on waiting for the ConfigMap (here absent).
+    assert _layout_events(500, LAYOUTS_ATTEMPTS - 1) == [("RESET", None)]
+    # As many as LAYOUTS_ATTEMPTS: the writes go on with the built-ins, said once.
+    kinds = [kind for kind, _ in _layout_events(500, LAYOUTS_ATTEMPTS)]
+    assert kinds == ["ERROR", "RESET"]
+    # A 403 will not pass: at once.
+    (error, message), _ = _layout_events(403, 1)
+    assert error == "ERROR" and "HTTP 403" in str(message)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from status_updater import reconcile as rc
 from status_updater.state import ClusterState, Unreadable
+from topology import migparted
 from topology.model import NodeTopology
 
 LAYOUT = {0: "2g.10gb", 4: "1g.5gb", 5: "1g.5gb", 6: "1g.5gb"}
@@ -269,3 +270,17 @@ def test_layouts_given_to_of_are_the_ones_static_nodes_use() -> None:
     assert [d.name for d in result.gpus[0].mig_devices or ()] == ["3g.20gb", "3g.20gb"]
     builtin = ClusterState.of([n], []).results["s"]  # NVIDIA's layouts have no `mine`
     assert isinstance(builtin, NodeTopology) and builtin.gpus[0].mig_devices == ()
+
+
+def test_new_layouts_rebuild_the_static_nodes_only() -> None:
+    """The GPU operator's layouts changed: static-MIG nodes are computed again, a run:ai node is
+    not, even with the operator's layout label (run:ai's labels win; its result cannot change)."""
+    static = {"kind": "Node", "metadata": {"name": "s", "labels": {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "1",
+        "nvidia.com/mig.strategy": "mixed", "nvidia.com/mig.config": "all-1g.5gb"}}}  # fmt: skip
+    dynamic = node("d")
+    dynamic["metadata"]["labels"]["nvidia.com/mig.config"] = "all-1g.5gb"
+    state = ClusterState.of([static, dynamic], [])
+    state.set_layouts({"all-1g.5gb": migparted.builtin()["all-3g.20gb"]})
+    assert state.settle() == {"s"}
+    assert state.reconsidered == {"s"}
