@@ -238,6 +238,11 @@ def test_a_failing_pod_watch_pauses_the_writes_until_pods_are_listed_again() -> 
 
         try:
             eventually(lambda: apply_events() and seen[-1] == (False, True), timeout=10)
+            # What the watches deliver lands in the state as what it is: a node, a pod on it.
+            kube.create("nodes", whole_gpu_node("w1"))
+            kube.create("pods", gpu_pod("p1", "w1", 1, "2026-01-01T00:00:00Z"), namespace="ns")
+            eventually(lambda: apply_events() and "ns/p1" in controller.state.pods.get("w1", {}))
+            assert set(controller.state.nodes) == {"w1"}
             seen.clear()
             kube.fail_next(2, action="list", plural="pods")
             kube.cut_watches(abort=True)

@@ -220,6 +220,7 @@ def _page(core: FakeCore, kw: dict[str, Any]) -> Response:
 class FakeLeases:
     lease: V1Lease | None = None
     fail: bool = False
+    patches: list[Any] = field(default_factory=list)
 
     def read_namespaced_lease(self, name: str, namespace: str, **kw: Any) -> V1Lease:
         if self.fail:
@@ -239,6 +240,7 @@ class FakeLeases:
 
     def patch_namespaced_lease(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
         assert self.lease is not None and self.lease.spec is not None
+        self.patches.append(body)
         self.lease.spec.holder_identity = body["spec"]["holderIdentity"]
         self.lease.spec.renew_time = body["spec"]["renewTime"]
 
@@ -272,3 +274,28 @@ def test_an_expired_lease_is_taken_over_and_a_live_one_is_not() -> None:
         assert me.try_acquire_or_renew()
         assert api.lease is not None and api.lease.spec is not None
         assert api.lease.spec.holder_identity == "me"
+
+
+def test_a_leader_clears_its_own_lease_on_shutdown_and_a_standby_clears_nothing() -> None:
+    changes: list[bool] = []
+    api = FakeLeases()
+    with freeze_time("2026-01-01T00:00:00Z"):
+        me = LeaderElector(api, "lease", NS, "me", changes.append)  # type: ignore[arg-type]
+        assert me.try_acquire_or_renew()
+        me._set(True)
+        standby = LeaderElector(api, "lease", NS, "standby")  # type: ignore[arg-type]
+        assert not standby.try_acquire_or_renew()
+        standby.release()  # not its lease to clear
+        assert api.lease is not None and api.lease.spec is not None
+        assert api.lease.spec.holder_identity == "me" and api.patches == []
+        me.release()
+        assert api.lease.spec.holder_identity is None and changes == [True, False]
+        # Only the version it read is cleared: a lease taken over meanwhile is left alone.
+        assert api.patches == [{"metadata": {"resourceVersion": "1"},
+                                "spec": {"holderIdentity": None, "renewTime": None}}]  # fmt: skip
+        assert not me.is_leader()
+        fresh = LeaderElector(api, "lease", NS, "fresh")  # type: ignore[arg-type]
+        assert fresh.try_acquire_or_renew()  # at once, not when the lease runs out
+        renewal = api.patches[-1]
+        assert renewal["metadata"]["resourceVersion"] == "1"  # the write is based on what it read
+        assert renewal["spec"]["holderIdentity"] == "fresh"
