@@ -267,7 +267,7 @@ def test_whole_gpus_are_one_bar_with_their_pod(tmp_path: Path) -> None:
     assert drawing.header == f"node mixed-node  ({A100}, 3 GPUs)"
     for index, who in [(0, "team-a/trainer-0"), (1, "free")]:
         [cell] = drawing.gpus[index].cells
-        assert cell.top.strip() == "whole GPU"
+        assert (cell.top.strip(), cell.middle.strip()) == ("whole GPU", "MIG disabled")
         assert cell.bottom.strip() == who
         assert (cell.start, cell.end) == (drawing.slot_columns[0], drawing.end_of(0, 8))
     cell = drawing.cell_at(2, 4)
@@ -280,7 +280,11 @@ def test_gpu_without_mig_support_is_whole(tmp_path: Path) -> None:
     drawing = shown(str(path))["t4"]
     assert drawing.slot_columns == []  # nothing to number
     [cell] = drawing.gpus[0].cells
-    assert (cell.top.strip(), cell.bottom.strip()) == ("whole GPU", "ns/p")
+    assert (cell.top.strip(), cell.middle.strip(), cell.bottom.strip()) == (
+        "whole GPU",
+        "no MIG",
+        "ns/p",
+    )
 
 
 def test_a30_has_four_slots(tmp_path: Path) -> None:
@@ -317,15 +321,17 @@ def test_long_and_odd_labels_are_cut_never_misaligned(tmp_path: Path) -> None:
 
 def test_instances_that_cannot_be_drawn_are_listed(tmp_path: Path) -> None:
     path = write(tmp_path, {"bad": node(A100, gpu(0, [
-        mig("1g.5gb", 0, 13), mig("2g.10gb", 0, 5), mig("9g.1tb", 2, 1), mig("4g.20gb", 6, 2),
+        mig("1g.5gb", 0, 13), mig("1g.5gb", 1, 14), mig("2g.10gb", 0, 5), mig("9g.1tb", 2, 1),
+        mig("4g.20gb", 6, 2),
     ]))})  # fmt: skip
     drawing = shown(str(path))["bad"]
     bar = drawing.gpus[0]
     assert drawing.cell_at(0, 0).middle.strip() == "GI 13"
-    assert drawing.cell_at(0, 1).middle.strip() == "unused"
+    assert drawing.cell_at(0, 1).middle.strip() == "GI 14"
+    assert drawing.cell_at(0, 2).middle.strip() == "unused"
     problems = [n.strip() for n in bar.notes if n.strip().startswith("!")]
     assert len(problems) == 3, bar.notes
-    assert any("2g.10gb@0 GI 5" in p and "overlaps" in p for p in problems)
+    assert "! 2g.10gb@0 GI 5 not drawn: overlaps 1g.5gb@0 GI 13, 1g.5gb@1 GI 14" in problems
     assert any("9g.1tb@2" in p and "profile" in p for p in problems)
     assert any("4g.20gb@6" in p and "outside" in p for p in problems)
 
