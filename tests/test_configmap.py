@@ -79,5 +79,7 @@ def test_a_list_of_configmaps_is_one_topology_and_a_node_twice_is_an_error() -> 
 
     topology = contract.parse_document(listed("a", "b"), "f")
     assert sorted(topology.nodes) == ["a", "b"]
+    empty = contract.parse_document(listed(), "f")  # `kubectl get` of a cluster with no GPU node
+    assert (empty.mig_strategy, empty.nodes) == ("none", {})
     with pytest.raises(TopologyError, match=r"f: items\[1\]: node a is in two ConfigMaps"):
         contract.parse_document(listed("a", "a"), "f")

@@ -253,18 +253,19 @@ def test_a_newer_node_copying_ids_never_takes_them_from_the_older_one() -> None:
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("text", "says"),
     [
-        BOMB + "i: [" + ", ".join(["*h"] * 9) + "]\n",
-        "[" * 200_000,
-        "{a: " * 5000 + "1" + "}" * 5000,
+        (BOMB + "i: [" + ", ".join(["*h"] * 9) + "]\n",
+         "expands its aliases to far more values than its text holds"),
+        ("[" * 200_000, "nests more than 1000 levels deep"),
+        ("{a: " * 5000 + "1" + "}" * 5000, "nests more than 1000 levels deep"),
     ],
     ids=["alias-bomb", "deep-flow", "deep-mapping"],
-)
-def test_hostile_yaml_is_refused_within_bounds(text: str) -> None:
+)  # fmt: skip
+def test_hostile_yaml_is_refused_within_bounds(text: str, says: str) -> None:
     with pytest.raises(yaml.YAMLError) as e:
         load_document(text)
-    assert "\n" not in str(e.value)
+    assert str(e.value) == says
 
 
 def test_brackets_inside_names_are_not_depth() -> None:

@@ -588,8 +588,10 @@ def test_custom_configmap_replaces_the_builtin_names(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "says"),
     [("version: v1\nmig-configs: [unclosed\n", "YAML"),
-     ("version: v2\nmig-configs: {}\n", "version")],
-    ids=["not-yaml", "wrong-version"],
+     ("version: v2\nmig-configs: {}\n", "version"),
+     ("version: v1\nmig-configs: [a]\n", ": mig-configs: expected a mapping, got list"),
+     ("version: v1\nmig-configs: {x: 5}\n", ": mig-configs[x]: expected a list of entries, got int")],
+    ids=["not-yaml", "wrong-version", "configs-not-a-mapping", "layout-not-a-list"],
 )  # fmt: skip
 def test_bad_mig_parted_config_is_a_one_line_error(tmp_path: Path, text: str, says: str) -> None:
     config = tmp_path / "broken-config.yaml"

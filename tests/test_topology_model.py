@@ -120,7 +120,8 @@ def test_gpu_index_beyond_gpu_count() -> None:
         ("nodes: {n1: {gpu-count: 1, gpu-memory: 1}}", "topology: nodes.n1.gpu-product: is required"),
         ("nodes: {n1: {gpu-count: 1, gpu-memory: 1, gpu-product: x, gpus: [{status: {}}]}}",
          "topology: nodes.n1.gpus[0].id: is required"),
-        ("a: [", "topology: topology.yml: is not valid YAML"),
+        ("a: [", "topology: topology.yml: is not valid YAML: while parsing a flow node did not find"),
+        ("a: *x", "topology: topology.yml: is not valid YAML: found undefined alias"),
     ],
 )  # fmt: skip
 def test_malformed_documents_are_named(text: str, expected: str) -> None:
