@@ -67,9 +67,9 @@ def rejudge(root: Path, name: str) -> str:
     """`killed` if the unit suite fails with the mutant on from the first import, else `survived`."""
     selection = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mutmut"]
     args = selection["pytest_add_cli_args_test_selection"]
-    module = name.split(".")[1].split("__")[0]  # topology.catalog.x__p__mutmut_30 -> catalog
+    module = name.split(".")[1].strip("_")  # topology.catalog.x__p__mutmut_30 -> catalog
     tests = root / "mutants" / "tests"
-    named = sorted(f"tests/{p.name}" for p in tests.glob(f"test_*{module}*.py"))
+    named = sorted(f"tests/{p.name}" for p in tests.glob(f"test_*{module}*.py")) if module else []
     first = [*named, *(f"tests/{t}" for t in BROAD if f"tests/{t}" not in named)]
     env = {**os.environ, "MUTANT_UNDER_TEST": name}
     run = subprocess.run(

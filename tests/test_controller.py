@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import kubernetes
 import pytest
@@ -253,10 +255,14 @@ def test_a_failing_pod_watch_pauses_the_writes_until_pods_are_listed_again() -> 
             kube.cut_watches()
 
 
-def _layout_events(status: int, failures: int) -> list[tuple[str, object]]:
+def _layout_events(
+    status: int, failures: int, *configmaps: dict[str, Any]
+) -> list[tuple[str, object]]:
     """What the mig-parted ConfigMap's informer reports when its first `failures` lists fail
     with `status`, until it lists: (kind, payload) of each event, in order."""
     with KubeAPI.start(strict=True) as kube:
+        for cm in configmaps:
+            kube.create("configmaps", cm, namespace="gpu-operator")
         kube.fail_next(failures, status=status, action="list", plural="configmaps")
         controller = Controller(kubernetes.client.CoreV1Api(kube.api_client()), Recorder())
         stop = threading.Event()
@@ -283,6 +289,14 @@ def test_passing_failures_to_read_the_layouts_are_retried_before_writing_without
     # As many as LAYOUTS_ATTEMPTS: the writes go on with the built-ins, said once.
     kinds = [kind for kind, _ in _layout_events(500, LAYOUTS_ATTEMPTS)]
     assert kinds == ["ERROR", "RESET"]
+    # Listed, it is the one named, not another ConfigMap of its namespace.
+    other = {
+        "metadata": {"name": "other"},
+        "data": {"config.yaml": "version: v1\nmig-configs: {}\n"},
+    }
+    ((kind, cm),) = _layout_events(500, 0, other, copy.deepcopy(ONE_SMALL))
+    assert kind == "RESET" and isinstance(cm, dict)
+    assert (cm["metadata"]["name"], cm["data"]) == ("default-mig-parted-config", ONE_SMALL["data"])
     # A 403 will not pass: at once.
     (error, message), _ = _layout_events(403, 1)
     assert error == "ERROR" and "HTTP 403" in str(message)

@@ -90,7 +90,19 @@ def test_health_and_last_good_state() -> None:
     # The node leaves the topology (a re-applied seed, say): the last good series stay.
     exporter.update(Topology("mixed", {}), "cm")
     snap = exporter.snapshot()
-    assert snap.body == good.body and not snap.healthy and "is not in the topology" in snap.reason
+    assert snap.body == good.body and not snap.healthy
+    assert snap.reason == (
+        "cm: nodes.qa-mig-worker-gpu-a100: is not in the topology (nodes: none); "
+        "serving the last good topology"
+    )
+    # Among many others: the first ten, by name, and how many more.
+    others = {f"n{i:02}": node for i in range(12)}
+    exporter.update(Topology("mixed", others), "cm")
+    assert exporter.snapshot().reason == (
+        "cm: nodes.qa-mig-worker-gpu-a100: is not in the topology (nodes: "
+        + ", ".join(f"n{i:02}" for i in range(10))
+        + " and 2 more); serving the last good topology"
+    )
 
 
 def test_a_body_of_many_parts_arrives_whole_and_in_order() -> None:

@@ -420,3 +420,19 @@ def test_claims_on_a_run_ai_node_that_cannot_be_met_are_one_line_each() -> None:
         "pod team/second: metadata.annotations[runai-mig-device]: device already held by pod team/first",
         "pod team/wrong: metadata.annotations[runai-mig-device].name: asks for 2g.10gb, device is 1g.5gb",
     ]
+
+
+def test_a_run_ai_node_s_gpus_outside_its_layout_are_mig_enabled_and_empty() -> None:
+    """run:ai turns MIG on for every GPU of a dynamic-MIG node; its mig.config lists only the
+    GPUs that hold instances, and a node may have none yet."""
+    labels = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "2",
+              "nvidia.com/mig.strategy": "mixed", "node-role.kubernetes.io/runai-dynamic-mig": "true",
+              "node-role.kubernetes.io/runai-mig-enabled": "true"}  # fmt: skip
+    config = {"mig-configs": {"selected": [{"devices": [0], "mig-enabled": True,
+                                            "mig-devices": {"0": "3g.20gb"}}]}}  # fmt: skip
+    bare = {"kind": "Node", "metadata": {"name": "n", "labels": labels}}
+    laid = {"kind": "Node", "metadata": {"name": "n", "labels": labels,
+                                         "annotations": {"run.ai/mig.config": json.dumps(config)}}}  # fmt: skip
+    assert [g.mig_devices for g in rc.build_node(bare).gpus] == [(), ()]
+    first, second = rc.build_node(laid).gpus
+    assert [d.name for d in first.mig_devices or ()] == ["3g.20gb"] and second.mig_devices == ()

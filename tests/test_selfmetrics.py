@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 import urllib.request
@@ -20,6 +22,7 @@ from exporter import dcgm
 from exporter.many import NodesExporter
 from exporter.server import MetricsServer, Published
 from exporter.service import Exporter
+from status_updater import cli as updater_cli
 from status_updater import daemon
 from status_updater import reconcile as rc
 from status_updater.controller import Controller
@@ -240,3 +243,34 @@ def test_the_writer_waits_while_an_informer_fails_until_it_lists_again() -> None
     controller._reset("pods", [])
     controller.drain()
     assert controller.following()
+
+
+def test_the_updater_s_documented_defaults_reach_the_daemon(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The README's defaults, from the environment or not, are what `run` hands the daemon."""
+    for name in ("KUBECONFIG", "TOPOLOGY_LAYOUT", "LEASE_NAME", "POD_NAME", "MIG_PARTED_CONFIG",
+                 "RESYNC_SECONDS", "METRICS_PORT", "METRICS_ADDRESS"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    given: list[tuple[object, ...]] = []
+    monkeypatch.setattr(daemon, "run", lambda *args: given.append(args) or 0)
+    assert updater_cli.main(["run"]) == 0
+    (args,) = given
+    assert args[1:] == ("per-node", "topology-status-updater", f"{socket.gethostname()}-{os.getpid()}",
+                        30.0, "gpu-operator/default-mig-parted-config", ("0.0.0.0", 9401))  # fmt: skip
+    monkeypatch.setenv("POD_NAME", "updater-1")
+    monkeypatch.setenv("MIG_PARTED_CONFIG", "ops/layouts")
+    monkeypatch.setenv("METRICS_PORT", "0")  # none served
+    monkeypatch.setenv("LEASE_NAME", "mine")
+    assert updater_cli.main(["run", "--layout", "single", "--resync", "5"]) == 0
+    assert given[1][1:] == ("single", "mine", "updater-1", 5.0, "ops/layouts", None)
+
+
+def test_the_updater_without_a_command_is_a_usage_error() -> None:
+    result = run_cli("status_updater")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith("error: the following arguments are required: command")
+    )

@@ -515,3 +515,16 @@ def test_topology_show_lists_who_holds_each_replica() -> None:
     lines = picture(topology).splitlines()
     assert lines[0] == f"node {NODE}  (NVIDIA-A100-SXM4-40GB, 1 GPU, time-slicing x4)"
     assert lines[-1].split() == ["replicas:", "0", "team/a,", "1", "team/b,", "2", "team/c"]
+
+
+def test_mps_on_mig_instances_is_refused_in_one_line_and_nothing_is_shared(tmp_path: Path) -> None:
+    node = shared(real_node_static("all-3g.20gb"), "mps", 2, resource="mig-3g.20gb")
+    pods = [sharing_pod("p0", "2026-01-01T00:00:00Z", 1000, 10, resource="nvidia.com/mig-3g.20gb")]
+    nodes = write(tmp_path / "nodes.yaml", node)
+    rendered = render([nodes], [write(tmp_path / "pods.yaml", *pods)])
+    name = node["metadata"]["name"]
+    assert rendered.warnings == [
+        f"node {name}: metadata.labels[nvidia.com/gpu.sharing-strategy]: MPS cannot share MIG "
+        "devices (the device plugin refuses it): not shared"
+    ]
+    assert "sharing" not in rendered.nodes[name]
