@@ -32,7 +32,14 @@ from status_updater import reconcile as rc
 from status_updater.state import ClusterState, Unreadable
 from topology import yamltext
 from topology.errors import TopologyError
-from topology.model import NodeTopology, Topology, dump_yaml, load_document, load_yaml
+from topology.model import (
+    NodeTopology,
+    Topology,
+    dump_yaml,
+    flow_depth_exceeds,
+    load_document,
+    load_yaml,
+)
 
 OPTIONS = dcgm.Options(hostname="h", driver_version="520.56.06", counters=dcgm.default_counters())
 NOW = 1_790_000_000.0
@@ -403,3 +410,12 @@ def test_an_older_pod_that_lost_devices_takes_none_from_a_younger_one() -> None:
     state.set_node(whole_gpu_node("k80", count=4))
     state.settle()
     assert holders(state, "k80") == {"a": [(1, None), (3, None)], "b": [(0, None)]}
+
+
+def test_nesting_is_counted_across_closed_brackets() -> None:
+    # Deep after some brackets closed is still deep: only what is open counts.
+    assert flow_depth_exceeds("[" * 600 + "]" + "[" * 600, limit=1000)
+    assert not flow_depth_exceeds("[" * 600 + "]" * 600 + "[" * 600, limit=1000)
+    assert not flow_depth_exceeds("[" * 1000, limit=1000) and flow_depth_exceeds(
+        "[" * 1001, limit=1000
+    )

@@ -123,6 +123,8 @@ def test_node_labels() -> None:
         (lambda: parse_mig_mapping("not base64!", "node n"), "node n: metadata.annotations[run.ai/mig-mapping]: is not base64-encoded JSON"),
         (lambda: parse_mig_mapping(b64({"0": {"0": 5}}), "node n"),
          "node n: metadata.annotations[run.ai/mig-mapping][0][0]: expected a MIG-<uuid> device id, got 5"),
+        (lambda: parse_pod_mig_device("{", "pod a/b"),
+         "pod a/b: metadata.annotations[runai-mig-device]: is not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
         (lambda: parse_pod_mig_device('{"name":"nvidia.com/gpu","position":0,"gpuindex":0}', "pod a/b"),
          "pod a/b: metadata.annotations[runai-mig-device].name: expected nvidia.com/mig-<profile>"),
         (lambda: parse_pod_mig_device('{"name":"nvidia.com/mig-1g.5gb","gpuindex":0}', "pod a/b"),

@@ -585,13 +585,23 @@ def test_custom_configmap_replaces_the_builtin_names(tmp_path: Path) -> None:
     assert len(instances(rendered.nodes["h100-80gb-custom"]["gpus"][0])) == 4
 
 
+ENTRY = "version: v1\nmig-configs:\n  l:\n  - {%s, mig-enabled: true}\n"
+
+
 @pytest.mark.parametrize(
     ("text", "says"),
     [("version: v1\nmig-configs: [unclosed\n", "YAML"),
      ("version: v2\nmig-configs: {}\n", "version"),
      ("version: v1\nmig-configs: [a]\n", ": mig-configs: expected a mapping, got list"),
-     ("version: v1\nmig-configs: {x: 5}\n", ": mig-configs[x]: expected a list of entries, got int")],
-    ids=["not-yaml", "wrong-version", "configs-not-a-mapping", "layout-not-a-list"],
+     ("version: v1\nmig-configs: {x: 5}\n", ": mig-configs[x]: expected a list of entries, got int"),
+     ("version: v1\nmig-configs: {l: [5]}\n", ": mig-configs[l][0]: expected a mapping, got int"),
+     (ENTRY % "devices: []", ".devices: expected a list of GPU indices or 'all', got []"),
+     (ENTRY % "devices: [1024]", ".devices[0]: expected an integer from 0 to 1023, got 1024"),
+     (ENTRY % "devices: all, device-filter: 5", ".device-filter: expected PCI device ids, got 5"),
+     (ENTRY % "devices: all, device-filter: [x]",
+      ".device-filter[0]: expected a PCI id like 0x20B010DE, got 'x'")],
+    ids=["not-yaml", "wrong-version", "configs-not-a-mapping", "layout-not-a-list",
+         "entry-not-a-mapping", "no-devices", "device-index", "filter-not-a-list", "filter-id"],
 )  # fmt: skip
 def test_bad_mig_parted_config_is_a_one_line_error(tmp_path: Path, text: str, says: str) -> None:
     config = tmp_path / "broken-config.yaml"
