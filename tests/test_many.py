@@ -15,6 +15,7 @@ from exporter import dcgm
 from exporter.fields import Counters, parse_counters
 from exporter.many import NodesExporter
 from exporter.server import Published
+from topology.errors import TopologyError
 from topology.model import MigDevice, Topology
 
 MIG_NODE = next(iter(MIG.nodes))
@@ -260,3 +261,17 @@ def test_a_bad_entry_is_logged_once_and_counted_once(caplog: pytest.LogCaptureFi
     snap = many.render()
     assert snap.reason == f"{warnings[0]}"
     assert {s.label("Hostname") for s in parse(snap.body.decode())} == {"a"}  # last good kept
+
+
+def test_a_rejected_document_keeps_the_series_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    many = exporter()
+    many.update_source("topology-a", doc("a", MIG), "ConfigMap a")
+    good = many.render().body
+    bad = TopologyError("ConfigMap gpu-operator/topology", "topology.yml", "is not valid YAML")
+    many.rejected(bad)
+    snap = many.render()
+    said = "ConfigMap gpu-operator/topology: topology.yml: is not valid YAML; serving the last good series"
+    assert (snap.body, snap.healthy, snap.reason) == (good, False, said)
+    assert [r.getMessage() for r in caplog.records] == [said]
