@@ -52,6 +52,6 @@ mutation: $(VENV)/.installed
 
 # The score in about an hour instead of a day: mutmut over a random sample of each package's
 # mutants, with a 95 % interval (scripts/mutation_sample.py; the recorded run is in tests/README.md).
-SAMPLE_ARGS ?= --per-package 150 --seed 9
+SAMPLE_ARGS ?= --per-package 150 --seed 9 --rejudge-seconds 50
 mutation-sample: $(VENV)/.installed
 	HYPOTHESIS_PROFILE=mutation $(PY) scripts/mutation_sample.py $(SAMPLE_ARGS)

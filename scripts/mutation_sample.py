@@ -63,8 +63,9 @@ def statuses(root: Path) -> dict[str, str]:
     return found
 
 
-def rejudge(root: Path, name: str) -> str:
-    """`killed` if the unit suite fails with the mutant on from the first import, else `survived`."""
+def rejudge(root: Path, name: str, seconds: float) -> str:
+    """`killed` if the unit suite fails with the mutant on from the first import, else `survived`
+    (also when it has not failed within `seconds`: a lower bound, as every kill is real)."""
     selection = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mutmut"]
     args = selection["pytest_add_cli_args_test_selection"]
     module = name.split(".")[1].strip("_")  # topology.catalog.x__p__mutmut_30 -> catalog
@@ -72,14 +73,17 @@ def rejudge(root: Path, name: str) -> str:
     named = sorted(f"tests/{p.name}" for p in tests.glob(f"test_*{module}*.py")) if module else []
     first = [*named, *(f"tests/{t}" for t in BROAD if f"tests/{t}" not in named)]
     env = {**os.environ, "MUTANT_UNDER_TEST": name}
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", *first, *args],
-        cwd=root / "mutants",
-        env=env,
-        capture_output=True,
-        timeout=900,
-        check=False,
-    )
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", *first, *args],
+            cwd=root / "mutants",
+            env=env,
+            capture_output=True,
+            timeout=seconds,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return "survived"
     return "survived" if run.returncode == 0 else "killed"
 
 
@@ -151,6 +155,12 @@ def main() -> int:
         action="store_true",
         help="judge the last run's survivors again, then report",
     )
+    parser.add_argument(
+        "--rejudge-seconds",
+        type=float,
+        default=900,
+        help="give up on a survivor's fresh run after this long: it stays a survivor (default 900)",
+    )
     args = parser.parse_args()
     root = Path.cwd()
     sample_file = root / "mutants" / "sample.txt"
@@ -178,7 +188,9 @@ def main() -> int:
             if found[n] in ("survived", "no tests") and rejudged.get(n) != "killed"
         ]
         with ThreadPoolExecutor(args.max_children) as pool:
-            for name, verdict in zip(left, pool.map(lambda n: rejudge(root, n), left), strict=True):
+            for name, verdict in zip(
+                left, pool.map(lambda n: rejudge(root, n, args.rejudge_seconds), left), strict=True
+            ):
                 rejudged[name] = verdict
                 rejudged_file.write_text(json.dumps(rejudged, indent=1))
     for name, verdict in rejudged.items():

@@ -408,18 +408,26 @@ def test_the_collect_interval_is_dcgm_exporters(monkeypatch: pytest.MonkeyPatch)
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "says"),
     [
-        ["--all-nodes"],
-        ["-c", "50"],
-        ["-c", "soon"],
-        ["--watch-topology", "--topology-file", "x.yaml", "--node-name", "n"],
-        ["--watch-topology", "--once", "--node-name", "n"],
+        (["--source", "nvml", "--all-nodes"],
+         "--source nvml reads this machine's GPUs: not with --all-nodes"),
+        (["--source", "nvml", "-c", "50"],
+         "argument -c/--collect-interval: 50 ms is too short: at least 100"),
+        (["--source", "nvml", "-c", "soon"],
+         "argument -c/--collect-interval: 'soon' is not a whole number of ms"),
+        (["--source", "nvml", "--watch-topology", "--topology-file", "x.yaml", "--node-name", "n"],
+         "--watch-topology and --topology-file: one topology, not both"),
+        (["--source", "nvml", "--watch-topology", "--once", "--node-name", "n"],
+         "--once reads a --topology-file, it does not watch"),
+        (["--watch-topology", "--node-name", "n"],
+         "--watch-topology goes with --source nvml (the topology source watches anyway)"),
     ],
-)
-def test_nvml_usage_errors(args: list[str]) -> None:
-    result = run_cli("exporter", "--source", "nvml", *args)
+)  # fmt: skip
+def test_nvml_usage_errors(args: list[str], says: str) -> None:
+    result = run_cli("exporter", *args)
     assert result.returncode == 2 and "usage:" in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1] == f"python -m exporter: error: {says}"
 
 
 def test_once_with_a_topology_file_names_the_pods(tmp_path: Path) -> None:
