@@ -20,7 +20,7 @@ from status_updater import reconcile as rc
 from status_updater.controller import LAYOUTS_ATTEMPTS, Controller
 from status_updater.single import SingleWriter, TooLarge
 from status_updater.state import ClusterState, Unreadable, reconcile
-from topology.model import NodeTopology
+from topology.model import NodeTopology, Topology
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from scale import cluster
@@ -35,6 +35,16 @@ def test_a_topology_over_one_configmap_is_refused_with_the_reason() -> None:
     assert message.startswith("ConfigMap gpu-operator/topology: topology.yml for 80 nodes is 1.")
     assert message.endswith(
         "MiB, over the 1 MiB a ConfigMap holds; not written; use --layout per-node"
+    )
+
+
+def test_a_sync_over_one_configmap_says_so_and_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    writer = SingleWriter(None, "topology", "gpu-operator")  # type: ignore[arg-type]
+    writer.written = Topology()  # as read from the ConfigMap: no API call here
+    writer.sync(ClusterState.of(*cluster(nodes=80, gpus=8)), set(), False)  # no exception
+    (record,) = caplog.records
+    assert record.levelname == "ERROR" and record.getMessage().startswith(
+        "ConfigMap gpu-operator/topology: topology.yml for 80 nodes is 1."
     )
 
 
