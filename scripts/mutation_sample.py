@@ -72,10 +72,16 @@ def rejudge(root: Path, name: str, seconds: float) -> str:
     tests = root / "mutants" / "tests"
     named = sorted(f"tests/{p.name}" for p in tests.glob(f"test_*{module}*.py")) if module else []
     first = [*named, *(f"tests/{t}" for t in BROAD if f"tests/{t}" not in named)]
+    # The files one by one, in that order: given a directory too, pytest runs its files in name
+    # order, whatever came first on the command line.
+    ignored = {a.removeprefix("--ignore=") for a in args if a.startswith("--ignore=")}
+    every = sorted(f"tests/{p.name}" for p in tests.glob("test_*.py"))
+    files = [*first, *(f for f in every if f not in first and f not in ignored)]
+    options = [a for a in args if a != "tests/" and not a.startswith("--ignore=")]
     env = {**os.environ, "MUTANT_UNDER_TEST": name}
     try:
         run = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", *first, *args],
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", *files, *options],
             cwd=root / "mutants",
             env=env,
             capture_output=True,
