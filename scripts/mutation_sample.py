@@ -71,12 +71,18 @@ def rejudge(root: Path, name: str, seconds: float) -> str:
     module = name.split(".")[1].strip("_")  # topology.catalog.x__p__mutmut_30 -> catalog
     tests = root / "mutants" / "tests"
     named = sorted(f"tests/{p.name}" for p in tests.glob(f"test_*{module}*.py")) if module else []
-    first = [*named, *(f"tests/{t}" for t in BROAD if f"tests/{t}" not in named)]
+    # Then the files that name the mutant's function (or its class), then the broad ones.
+    function = name.split(".")[2].split("__mutmut_")[0].removeprefix("x_").removeprefix("xǁ")
+    word = function.split("ǁ")[0].strip("_")  # xǁLeaderElectorǁrelease -> LeaderElector
+    naming = sorted(
+        f"tests/{p.name}" for p in tests.glob("test_*.py") if word and word in p.read_text()
+    )
+    first = list(dict.fromkeys([*named, *naming, *(f"tests/{t}" for t in BROAD)]))
     # The files one by one, in that order: given a directory too, pytest runs its files in name
     # order, whatever came first on the command line.
     ignored = {a.removeprefix("--ignore=") for a in args if a.startswith("--ignore=")}
     every = sorted(f"tests/{p.name}" for p in tests.glob("test_*.py"))
-    files = [*first, *(f for f in every if f not in first and f not in ignored)]
+    files = [f for f in [*first, *(f for f in every if f not in first)] if f not in ignored]
     options = [a for a in args if a != "tests/" and not a.startswith("--ignore=")]
     env = {**os.environ, "MUTANT_UNDER_TEST": name}
     try:
