@@ -107,19 +107,7 @@ def test_node_labels() -> None:
          "node n: metadata.annotations[run.ai/mig.config].mig-configs.selected: expected a list"),
         (lambda: parse_mig_config("mig-configs: {selected: [{devices: [2], mig-enabled: true}]}", "node n", 1),
          "node n: metadata.annotations[run.ai/mig.config].mig-configs.selected[0].devices[0]: GPU index 2 >= gpu count 1"),
-        (lambda: parse_mig_config("mig-configs: {selected: [{devices: [0], mig-enabled: true, mig-devices: {x: 1g.5gb}}]}", "node n", 1),
-         "node n: metadata.annotations[run.ai/mig.config].mig-configs.selected[0].mig-devices[x]: expected an integer, got 'x'"),
         (lambda: parse_mig_config("{", "node n", 1), "node n: metadata.annotations[run.ai/mig.config]: is not valid YAML"),
-        (lambda: parse_mig_config("mig-configs: {selected: [{devices: [0], mig-enabled: true, mig-devices: {0: 5}}]}", "node n", 1),
-         "node n: metadata.annotations[run.ai/mig.config].mig-configs.selected[0].mig-devices[0]: expected a profile name, got 5"),
-        (lambda: parse_mig_config("mig-configs: {selected: [{devices: [0], mig-enabled: true, mig-devices: [5]}]}", "node n", 1),
-         "node n: metadata.annotations[run.ai/mig.config].mig-configs.selected[0].mig-devices[0]: expected a mapping, got 5"),
-        (lambda: parse_mig_config("mig-configs: {selected: [{devices: [0], mig-enabled: true, mig-devices: [{position: 0}]}]}", "node n", 1),
-         "node n: metadata.annotations[run.ai/mig.config].mig-configs.selected[0].mig-devices[0].name: expected a profile name, got None"),
-        (lambda: parse_mig_config("mig-configs: {selected: [{devices: [0], mig-enabled: true, mig-devices: 5}]}", "node n", 1),
-         "node n: metadata.annotations[run.ai/mig.config].mig-configs.selected[0].mig-devices: expected a mapping or a list, got 5"),
-        (lambda: parse_mig_config("mig-configs: {selected: [{devices: [0], mig-enabled: true, mig-devices: [{name: 1g.5gb, position: x}]}]}", "node n", 1),
-         "node n: metadata.annotations[run.ai/mig.config].mig-configs.selected[0].mig-devices[0].position: expected an integer, got 'x'"),
         (lambda: parse_mig_mapping("not base64!", "node n"), "node n: metadata.annotations[run.ai/mig-mapping]: is not base64-encoded JSON"),
         (lambda: parse_mig_mapping(b64({"0": {"0": 5}}), "node n"),
          "node n: metadata.annotations[run.ai/mig-mapping][0][0]: expected a MIG-<uuid> device id, got 5"),
@@ -140,6 +128,28 @@ def test_bad_annotations_name_object_and_field(call, expected: str) -> None:  # 
         call()
     assert str(e.value).startswith(expected)
     assert "\n" not in str(e.value)
+
+
+# A one-GPU run:ai layout whose GPU 0 has the given mig-devices.
+LAYOUT = "mig-configs: {selected: [{devices: [0], mig-enabled: true, mig-devices: %s}]}"
+
+
+@pytest.mark.parametrize(
+    ("devices", "says"),
+    [
+        ("{x: 1g.5gb}", "[x]: expected an integer, got 'x'"),
+        ("{0: 5}", "[0]: expected a profile name, got 5"),
+        ("[5]", "[0]: expected a mapping, got 5"),
+        ("[{position: 0}]", "[0].name: expected a profile name, got None"),
+        ("5", ": expected a mapping or a list, got 5"),
+        ("[{name: 1g.5gb, position: x}]", "[0].position: expected an integer, got 'x'"),
+    ],
+)
+def test_each_mig_devices_problem_names_its_field(devices: str, says: str) -> None:
+    with pytest.raises(TopologyError) as e:
+        parse_mig_config(LAYOUT % devices, "node n", 1)
+    field = "metadata.annotations[run.ai/mig.config].mig-configs.selected[0].mig-devices"
+    assert str(e.value) == f"node n: {field}{says}"
 
 
 json_values = st.recursive(
