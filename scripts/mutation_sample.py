@@ -14,8 +14,9 @@ mutmut forks each mutant's test run from a process that has imported the product
 picks the tests by the calls it saw once. So it cannot kill a mutant of code that runs at import
 (the catalog's tables are built then), nor see every test that reaches a cached function (only
 the first caller fills the cache). Each survivor is therefore judged again in a fresh process that
-imports the product with the mutant on, by the whole unit suite (stopping at the first failure,
-the test modules named after the mutant's module first): `rejudged` in the report.
+imports the product with the mutant on, by the whole unit suite (stopping at the first failure;
+the test modules named after the mutant's module first, then those naming its function or class):
+`rejudged` in the report.
 
 Prints, per package and for the product (packages weighted by their mutant counts), the score
 with its 95 % Wilson interval, then the survivors. Exit 0 whatever the score: the figures are
@@ -35,6 +36,7 @@ import sys
 import tomllib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from mutmut.stats import status_by_exit_code
@@ -63,33 +65,49 @@ def statuses(root: Path) -> dict[str, str]:
     return found
 
 
-def rejudge(root: Path, name: str, seconds: float) -> str:
+@dataclass(frozen=True)
+class Suite:
+    """The unit suite as mutmut's configuration selects it, read once: its files in name order,
+    the text of each (to find the ones naming a function), and pytest's other options."""
+
+    files: dict[str, str]  # tests/test_x.py -> its text
+    options: list[str]
+
+    @classmethod
+    def read(cls, root: Path) -> Suite:
+        selection = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mutmut"]
+        args: list[str] = selection["pytest_add_cli_args_test_selection"]
+        ignored = {a.removeprefix("--ignore=") for a in args if a.startswith("--ignore=")}
+        files = {
+            f"tests/{p.name}": p.read_text()
+            for p in sorted((root / "mutants" / "tests").glob("test_*.py"))
+            if f"tests/{p.name}" not in ignored
+        }
+        options = [a for a in args if a != "tests/" and not a.startswith("--ignore=")]
+        return cls(files, options)
+
+    def ordered_for(self, name: str) -> list[str]:
+        """The files named after the mutant's module, then those that name its function (or
+        its class), then the broad ones, then the rest. One by one: given a directory too,
+        pytest runs its files in name order, whatever came first on the command line."""
+        module = name.split(".")[1].strip("_")  # topology.catalog.x__p__mutmut_30 -> catalog
+        function = name.split(".")[2].split("__mutmut_")[0].removeprefix("x_").removeprefix("xǁ")
+        word = function.split("ǁ")[0].strip("_")  # xǁLeaderElectorǁrelease -> LeaderElector
+        named = [f for f in self.files if module and module in f.removeprefix("tests/test_")]
+        naming = [f for f, text in self.files.items() if word and word in text]
+        broad = [f"tests/{t}" for t in BROAD if f"tests/{t}" in self.files]
+        return list(dict.fromkeys([*named, *naming, *broad, *self.files]))
+
+
+def rejudge(root: Path, suite: Suite, name: str, seconds: float) -> str:
     """`killed` if the unit suite fails with the mutant on from the first import, else `survived`
     (also when it has not failed within `seconds`: a lower bound, as every kill is real)."""
-    selection = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mutmut"]
-    args = selection["pytest_add_cli_args_test_selection"]
-    module = name.split(".")[1].strip("_")  # topology.catalog.x__p__mutmut_30 -> catalog
-    tests = root / "mutants" / "tests"
-    named = sorted(f"tests/{p.name}" for p in tests.glob(f"test_*{module}*.py")) if module else []
-    # Then the files that name the mutant's function (or its class), then the broad ones.
-    function = name.split(".")[2].split("__mutmut_")[0].removeprefix("x_").removeprefix("xǁ")
-    word = function.split("ǁ")[0].strip("_")  # xǁLeaderElectorǁrelease -> LeaderElector
-    naming = sorted(
-        f"tests/{p.name}" for p in tests.glob("test_*.py") if word and word in p.read_text()
-    )
-    first = list(dict.fromkeys([*named, *naming, *(f"tests/{t}" for t in BROAD)]))
-    # The files one by one, in that order: given a directory too, pytest runs its files in name
-    # order, whatever came first on the command line.
-    ignored = {a.removeprefix("--ignore=") for a in args if a.startswith("--ignore=")}
-    every = sorted(f"tests/{p.name}" for p in tests.glob("test_*.py"))
-    files = [f for f in [*first, *(f for f in every if f not in first)] if f not in ignored]
-    options = [a for a in args if a != "tests/" and not a.startswith("--ignore=")]
-    env = {**os.environ, "MUTANT_UNDER_TEST": name}
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly"]
     try:
         run = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", *files, *options],
+            [*command, *suite.ordered_for(name), *suite.options],
             cwd=root / "mutants",
-            env=env,
+            env={**os.environ, "MUTANT_UNDER_TEST": name},
             capture_output=True,
             timeout=seconds,
             check=False,
@@ -199,10 +217,10 @@ def main() -> int:
             for n in sample
             if found[n] in ("survived", "no tests") and rejudged.get(n) != "killed"
         ]
+        suite = Suite.read(root)
         with ThreadPoolExecutor(args.max_children) as pool:
-            for name, verdict in zip(
-                left, pool.map(lambda n: rejudge(root, n, args.rejudge_seconds), left), strict=True
-            ):
+            verdicts = pool.map(lambda n: rejudge(root, suite, n, args.rejudge_seconds), left)
+            for name, verdict in zip(left, verdicts, strict=True):
                 rejudged[name] = verdict
                 rejudged_file.write_text(json.dumps(rejudged, indent=1))
     for name, verdict in rejudged.items():
