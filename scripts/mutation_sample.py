@@ -26,11 +26,13 @@ recorded by hand in tests/README.md, with the survivors accepted and why.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tomllib
@@ -103,18 +105,23 @@ def rejudge(root: Path, suite: Suite, name: str, seconds: float) -> str:
     """`killed` if the unit suite fails with the mutant on from the first import, else `survived`
     (also when it has not failed within `seconds`: a lower bound, as every kill is real)."""
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly"]
-    try:
-        run = subprocess.run(
-            [*command, *suite.ordered_for(name), *suite.options],
-            cwd=root / "mutants",
-            env={**os.environ, "MUTANT_UNDER_TEST": name},
-            capture_output=True,
-            timeout=seconds,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return "survived"
-    return "survived" if run.returncode == 0 else "killed"
+    # A session of its own: on timeout the daemons its tests started go with it, not only pytest.
+    with subprocess.Popen(
+        [*command, *suite.ordered_for(name), *suite.options],
+        cwd=root / "mutants",
+        env={**os.environ, "MUTANT_UNDER_TEST": name},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    ) as run:
+        try:
+            code = run.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            code = 0  # not killed in time: a survivor
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(run.pid, signal.SIGKILL)
+    return "survived" if code == 0 else "killed"
 
 
 def package(name: str) -> str:
