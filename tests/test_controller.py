@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import sys
 import threading
 import time
@@ -14,6 +15,7 @@ import kubernetes
 import pytest
 from kubeapi import KubeAPI, eventually
 from test_reconcile import gpu_pod, whole_gpu_node
+from test_static import pod as static_pod
 
 from status_updater import daemon
 from status_updater import reconcile as rc
@@ -60,6 +62,9 @@ class Recorder:
         self.writes: list[dict[str, list[list[str]] | str]] = []
         self.written = written or {}  # what the "ConfigMaps" hold
         self.reads = 0
+        self.fulls: list[bool] = []  # each sync's `full`
+        self.fail = 0  # the next N syncs fail, as an unreachable API makes them
+        self.fail_reads = 0  # the next N reads of what is written fail
 
     def informers(self, stop: threading.Event, wake: Callable[[], None]) -> list[threading.Thread]:
         return []
@@ -71,6 +76,10 @@ class Recorder:
         return False
 
     def sync(self, state: ClusterState, changed: set[str], full: bool) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionRefusedError(111, "Connection refused")
+        self.fulls.append(full)
         names = set(state.results) if full else changed
         self.writes.append({name: _profiles(state.results[name]) for name in names})
 
@@ -78,6 +87,9 @@ class Recorder:
         pass
 
     def remembered(self) -> dict[str, NodeTopology]:
+        if self.fail_reads:
+            self.fail_reads -= 1
+            raise ConnectionResetError(104, "Connection reset by peer")
         self.reads += 1
         return self.written
 
@@ -167,6 +179,58 @@ def test_layouts_follow_the_configmap_and_a_bad_one_keeps_the_last(
     assert len(warned) == 1, "said once"
     feed(controller, "DELETED", None)  # gone: the built-ins, which lack `one-small`
     eventually(lambda: writer.writes[-1] == {"n1": [[]]})
+
+
+def test_what_is_said_of_the_layouts_configmap_once_per_content(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    controller = Controller(None, Recorder())  # type: ignore[arg-type]
+    meta = ONE_SMALL["metadata"]
+    for cm in (None, ONE_SMALL, ONE_SMALL, {"metadata": meta, "data": {}},
+               {"metadata": meta, "data": {"config.yaml": "version: v2\n"}}, None):  # fmt: skip
+        controller._set_layouts(cm)
+    ref = "configmap gpu-operator/default-mig-parted-config"
+    assert caplog.messages == [
+        f"{ref} not found: NVIDIA's built-in MIG layouts",
+        f"{ref}: 1 MIG layouts",
+        f"{ref}: data[config.yaml]: is required; keeping the layouts in use",
+        f"{ref}: data[config.yaml].version: expected v1, got 'v2'; keeping the layouts in use",
+        f"{ref} not found: NVIDIA's built-in MIG layouts",
+    ]
+    assert controller.invalid.value("configmap") == 2
+
+
+def test_the_first_write_and_a_takeover_compare_everything_and_failures_are_retried(
+    loop: tuple[Controller, Recorder], caplog: pytest.LogCaptureFixture
+) -> None:
+    controller, writer = loop
+    writer.fail_reads = 1  # reading what is written fails once: retried before any write
+    feed(controller, "RESET", ONE_SMALL)
+    eventually(lambda: writer.fulls == [True])  # the first write compares everything
+    assert writer.reads == 1
+    controller.events.put(("nodes", "MODIFIED", rc.slim_node(STATIC_NODE)))
+    controller.dirty.set()
+    time.sleep(0.6)
+    assert writer.fulls == [True]  # nothing changed: nothing to write
+
+    pod = rc.slim_pod(
+        static_pod("p", "n1", "2026-01-01T00:00:00Z", {"c": {"nvidia.com/mig-1g.5gb": "1"}})
+    )
+    writer.fail = 1
+    controller.events.put(("pods", "ADDED", pod))
+    controller.dirty.set()
+    # The write fails; its retry compares everything, as the failed one may have landed.
+    eventually(lambda: writer.fulls == [True, True])
+    controller.events.put(("pods", "DELETED", pod))
+    controller.dirty.set()
+    eventually(lambda: writer.fulls == [True, True, False])  # a change: its node only
+    controller.became_leader(True)  # the old leader may have written since
+    eventually(lambda: writer.fulls == [True, True, False, True])
+    assert [m for m in caplog.messages if m.endswith("retrying")] == [
+        "recorder: ConnectionResetError: [Errno 104] Connection reset by peer; retrying",
+        "recorder: ConnectionRefusedError: [Errno 111] Connection refused; retrying",
+    ]
 
 
 # ------------------------------------------------- assignments remembered through the ConfigMaps
@@ -310,3 +374,29 @@ def test_passing_failures_to_read_the_layouts_are_retried_before_writing_without
     # A 403 will not pass: at once.
     (error, message), _ = _layout_events(403, 1)
     assert error == "ERROR" and "HTTP 403" in str(message)
+
+
+def test_the_layouts_failures_are_counted_again_from_each_good_list() -> None:
+    with KubeAPI.start(strict=True) as kube:
+        controller = Controller(kubernetes.client.CoreV1Api(kube.api_client()), Recorder())
+        stop = threading.Event()
+        controller._layouts_informer(stop).start()
+        kinds: list[str] = []
+
+        def seen() -> list[str]:
+            while not controller.events.empty():
+                kinds.append(controller.events.get()[1])
+            return kinds
+
+        try:
+            eventually(lambda: seen() == ["RESET"], timeout=10)
+            for _ in range(2):  # each time one failure short of giving up: never an ERROR
+                kube.fail_next(LAYOUTS_ATTEMPTS - 1, action="list", plural="configmaps")
+                kube.expire_watches()  # the next watch gets 410 Gone: it lists again
+                kube.cut_watches()
+                count = len(kinds)
+                eventually(lambda n=count: len(seen()) > n, timeout=20)
+            assert kinds == ["RESET"] * 3
+        finally:
+            stop.set()
+            kube.cut_watches()

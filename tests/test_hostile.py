@@ -218,14 +218,16 @@ def test_an_empty_container_name_is_written_and_read_back() -> None:
 def test_a_pod_naming_another_nodes_mig_id_takes_nothing_from_that_node() -> None:
     owner = REAL_NODE["metadata"]["name"]
     taken = next(d.id for g in BASE.results[owner].gpus for d in g.mig_devices or () if d.id)  # type: ignore[union-attr]
-    other = static_node("aaa-first-by-name", "NVIDIA-A100-SXM4-40GB", 1, "all-1g.5gb")
+    other = static_node("aaa-first-by-name", "NVIDIA-A100-SXM4-40GB", 2, "all-1g.5gb")
     other["metadata"]["labels"] |= {
         "node-role.kubernetes.io/runai-dynamic-mig": "true",
         "node-role.kubernetes.io/runai-mig-enabled": "true",
     }
+    # GPU 1 has MIG off: the claim is dropped from GPU 0's instances, GPU 1 stays as it is.
     other["metadata"]["annotations"] = {"run.ai/mig.config": yaml.safe_dump(
-        {"mig-configs": {"selected": [{"devices": "all", "mig-enabled": True,
-                                       "mig-devices": {"0": "3g.20gb", "4": "3g.20gb"}}]}})}  # fmt: skip
+        {"mig-configs": {"selected": [{"devices": [0], "mig-enabled": True,
+                                       "mig-devices": {"0": "3g.20gb", "4": "3g.20gb"}},
+                                      {"devices": [1], "mig-enabled": False}]}})}  # fmt: skip
     device = {"name": "nvidia.com/mig-3g.20gb", "position": 4, "gpuindex": 0, "deviceUUID": taken}
     thief = static_pod("thief", "aaa-first-by-name", "2026-01-01T00:00:00Z", {"c": {}},
                        annotations={"runai-mig-device": json.dumps(device)})  # fmt: skip
@@ -241,6 +243,7 @@ def test_a_pod_naming_another_nodes_mig_id_takes_nothing_from_that_node() -> Non
     assert mine == ClusterState.of([other], [honest]).results["aaa-first-by-name"]  # all else kept
     held = [d for g in mine.gpus for d in g.mig_devices or () if d.status]
     assert [(d.position, d.id, d.status.allocated_by.pod) for d in held] == [(4, None, "thief")]  # type: ignore[union-attr]
+    assert [g.mig_devices is None for g in mine.gpus] == [False, True]
 
 
 def test_a_newer_node_copying_ids_never_takes_them_from_the_older_one() -> None:
@@ -410,6 +413,27 @@ def test_an_older_pod_that_lost_devices_takes_none_from_a_younger_one() -> None:
     state.set_node(whole_gpu_node("k80", count=4))
     state.settle()
     assert holders(state, "k80") == {"a": [(1, None), (3, None)], "b": [(0, None)]}
+
+
+def test_a_pod_that_kept_some_devices_places_before_an_older_newcomer() -> None:
+    state = ClusterState()
+    state.set_node(whole_gpu_node("k80", count=3))
+    state.set_pod(gpu_pod("x", "k80", 1, "2026-01-01T00:00:00Z"))
+    state.set_pod(gpu_pod("b", "k80", 2, "2026-01-03T00:00:00Z"))
+    state.settle()
+    state.delete_pod("ns/x")
+    state.settle()
+    assert holders(state, "k80") == {"b": [(1, None), (2, None)]}
+    # At once: the node shrinks (b loses GPU 2) and a pod created before b is bound to it.
+    # b, which runs, places first: it keeps GPU 1 and takes GPU 0; the newcomer waits.
+    state.set_node(whole_gpu_node("k80", count=2))
+    state.set_pod(gpu_pod("early", "k80", 1, "2026-01-02T00:00:00Z"))
+    state.settle()
+    assert holders(state, "k80") == {"b": [(0, None), (1, None)]}
+    assert [str(w) for w in state.node_warnings("k80")] == [
+        "pod ns/early: spec.containers[0].resources.limits[nvidia.com/gpu]: asks for 1 GPUs, "
+        "node k80 has 0 free"
+    ]
 
 
 def test_nesting_is_counted_across_closed_brackets() -> None:

@@ -280,6 +280,17 @@ def test_single_strategy_gpus_of_a_run_ai_node() -> None:
     assert dump_yaml(topology).count("gpu-count: 2\n") == 1
 
 
+def test_a_mapping_that_is_not_base64_json_names_its_node() -> None:
+    bad = json.loads(json.dumps(REAL_NODE))
+    bad["metadata"]["annotations"]["run.ai/mig-mapping"] = "%%%"
+    topology, warnings = reconcile([bad], [])
+    assert [str(w) for w in warnings] == [
+        f"node {NAME}: metadata.annotations[run.ai/mig-mapping]: is not base64-encoded JSON: "
+        "Only base64 data is allowed"
+    ]
+    assert NAME not in topology.nodes
+
+
 def test_a_mapping_copied_to_another_node_is_a_bad_node() -> None:
     twin = json.loads(json.dumps(REAL_NODE))
     twin["metadata"]["name"] = "twin"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,12 +63,14 @@ class FakeCore:
         )  # fmt: skip
 
     def read_namespaced_config_map(self, name: str, namespace: str, **kw: Any) -> Any:
+        assert namespace == NS
         self.calls.append(("read", name, None))
         if name not in self.cms:
             raise ApiException(status=404)
         return self._answer(name, kw.get("_preload_content", True))
 
     def create_namespaced_config_map(self, namespace: str, body: Any, **kw: Any) -> Any:
+        assert namespace == NS
         name = body["metadata"]["name"]
         self.calls.append(("create", name, body))
         if name in self.cms:
@@ -76,6 +79,7 @@ class FakeCore:
         return self._answer(name, kw.get("_preload_content", True))
 
     def patch_namespaced_config_map(self, name: str, namespace: str, body: Any, **kw: Any) -> Any:
+        assert namespace == NS
         self.calls.append(("patch", name, body))
         if name not in self.cms:
             raise ApiException(status=404)
@@ -88,6 +92,16 @@ class FakeCore:
         labels = {**self.cms[name]["metadata"]["labels"], **(body.get("metadata") or {}).get("labels", {})}  # fmt: skip
         self.put(name, {**self.cms[name]["data"], **body["data"]}, labels)
         return self._answer(name, kw.get("_preload_content", True))
+
+    def delete_namespaced_config_map(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
+        assert namespace == NS
+        self.calls.append(("delete", name, body))
+        if name not in self.cms:
+            raise ApiException(status=404)
+        wanted = (body.get("preconditions") or {}).get("resourceVersion")
+        if wanted is not None and wanted != self.cms[name]["metadata"]["resourceVersion"]:
+            raise ApiException(status=409)
+        del self.cms[name]
 
     def writes(self) -> list[tuple[str, Any]]:
         return [(verb, body) for verb, _, body in self.calls if verb in ("create", "patch")]
@@ -207,6 +221,44 @@ def test_per_node_remembers_what_its_configmaps_hold() -> None:
     assert writer.remembered() == dict(state.topology().nodes)
 
 
+def test_per_node_deletes_its_configmaps_of_nodes_gone_while_it_was_down(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    core = FakeCore()
+    gone = [contract.node_configmap_name(n) for n in ("gone-1", "gone-2")]
+    for name, node in zip(gone, ("gone-1", "gone-2"), strict=True):
+        core.put(name, {"topology.yml": "written before"}, contract.node_labels(node))
+    core.put("topology-team", {"topology.yml": "hands off"}, {"team": "someone-else"})
+    writer = per_node(core)
+    writer.sync(state_with(), set(), full=True)  # the first sync after start
+    assert sorted(core.cms) == ["topology-k80", "topology-team"]
+    deletes = [(name, body) for verb, name, body in core.calls if verb == "delete"]
+    # Each with the version it was seen at: one rewritten meanwhile is judged again, not lost.
+    assert deletes == [(gone[0], {"preconditions": {"resourceVersion": "1"}}),
+                       (gone[1], {"preconditions": {"resourceVersion": "2"}})]  # fmt: skip
+    assert f"deleted ConfigMaps {gone[0]}, {gone[1]} in {NS}" in caplog.messages
+    assert f"wrote ConfigMap topology-k80 in {NS}" in caplog.messages
+
+
+def test_per_node_writes_again_a_configmap_deleted_under_it() -> None:
+    core = FakeCore()
+    writer = per_node(core)
+    state = state_with(gpu_pod("p", "k80", 1, "2026-01-01T00:00:00Z"))
+    writer.sync(state, {"k80"}, full=False)
+    name = contract.node_configmap_name("k80")
+    written = core.cms.pop(name)  # someone deletes it: the watch says so
+    writer._events.put(("DELETED", written))
+    writer.sync(state, set(), full=False)  # nothing changed in the cluster
+    assert core.cms[name]["data"] == written["data"]
+    # Its node goes, then comes back before any watch event: deleted, then created afresh.
+    writer.sync(ClusterState(), {"k80"}, full=False)
+    assert name not in core.cms
+    writer.sync(state, {"k80"}, full=False)
+    assert core.cms[name]["data"] == written["data"]
+    assert [verb for verb, _, _ in core.calls] == ["create", "create", "delete", "create"]
+
+
 def _page(core: FakeCore, kw: dict[str, Any]) -> Response:
     # Like plain kmock, it ignores the label selector: the writer must pick its own.
     assert kw["label_selector"] == contract.MANAGED_SELECTOR
@@ -223,13 +275,17 @@ class FakeLeases:
     patches: list[Any] = field(default_factory=list)
 
     def read_namespaced_lease(self, name: str, namespace: str, **kw: Any) -> V1Lease:
+        assert namespace == NS
         if self.fail:
             raise ApiException(status=503)
-        if self.lease is None:
+        if self.lease is None or self.lease.metadata.name != name:
             raise ApiException(status=404)
         return self.lease
 
     def create_namespaced_lease(self, namespace: str, body: Any, **kw: Any) -> None:
+        assert namespace == NS
+        if self.lease is not None:
+            raise ApiException(status=409)
         spec = body["spec"]
         self.lease = V1Lease(
             metadata=V1ObjectMeta(name=body["metadata"]["name"], resource_version="1"),
@@ -239,8 +295,9 @@ class FakeLeases:
         )  # fmt: skip
 
     def patch_namespaced_lease(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
-        assert self.lease is not None and self.lease.spec is not None
+        assert namespace == NS and self.lease is not None and self.lease.metadata.name == name
         self.patches.append(body)
+        self.lease.spec = self.lease.spec or V1LeaseSpec()
         self.lease.spec.holder_identity = body["spec"]["holderIdentity"]
         self.lease.spec.renew_time = body["spec"]["renewTime"]
 
@@ -299,3 +356,13 @@ def test_a_leader_clears_its_own_lease_on_shutdown_and_a_standby_clears_nothing(
         renewal = api.patches[-1]
         assert renewal["metadata"]["resourceVersion"] == "1"  # the write is based on what it read
         assert renewal["spec"]["holderIdentity"] == "fresh"
+
+
+def test_a_lease_without_spec_is_free_to_take() -> None:
+    api = FakeLeases(V1Lease(metadata=V1ObjectMeta(name="lease", resource_version="7")))
+    me = LeaderElector(api, "lease", NS, "me")  # type: ignore[arg-type]
+    assert me.try_acquire_or_renew()
+    assert api.lease is not None and api.lease.spec is not None
+    assert api.lease.spec.holder_identity == "me"
+    assert api.patches[0]["metadata"]["resourceVersion"] == "7"  # based on what it read
+    assert "acquireTime" in api.patches[0]["spec"]  # a take-over, not a renewal
