@@ -155,12 +155,16 @@ def _once(args: argparse.Namespace, options: dcgm.Options) -> int:
     obj = f"topology file {path}"
     topology = read_topology_file(path)
     if args.all_nodes:
+        # As `render` does: a bad node is one warning, and every other node is printed.
+        good = {}
+        for name in sorted(topology.nodes.keys() | topology.invalid.keys()):
+            try:
+                good[name] = _node_in(topology, name, obj)
+            except TopologyError as e:
+                print(f"warning: {e}", file=sys.stderr)
         many = NodesExporter(options, Published())
-        many.update(topology, obj)
-        snapshot = many.render()
-        if not snapshot.healthy:
-            raise TopologyError(obj, "nodes", snapshot.reason)
-        sys.stdout.buffer.write(snapshot.body)
+        many.update(Topology(topology.mig_strategy, good), obj)
+        sys.stdout.buffer.write(many.render().body)
         return EXIT_OK
     node = _node_in(topology, args.node_name, obj)
     sys.stdout.buffer.write(dcgm.render(node, options, time.time()))

@@ -28,5 +28,5 @@ def node_of(topology: Topology, node: str, obj: str) -> NodeTopology | None:
     errors = node_errors(node, found)
     errors += duplicate_id_errors(Topology(nodes={node: found}))
     if errors:
-        raise TopologyError(obj, errors[0].field, f"{errors[0].obj}: {errors[0].message}")
+        raise TopologyError(obj, f"nodes.{node}.{errors[0].field}", errors[0].message)
     return found

@@ -156,6 +156,22 @@ def test_exporter_all_nodes_once_serves_every_node_as_its_hostname(tmp_path: Pat
     assert len(names) == len(set(names)) == len({s.name for s in series})
 
 
+def test_exporter_all_nodes_once_warns_of_a_bad_node_and_prints_the_others(tmp_path: Path) -> None:
+    document = yaml.safe_load(yaml.safe_load(TOPOLOGY.read_text())["data"]["topology.yml"])
+    bad = json.loads(json.dumps(document["nodes"][NODE]))
+    bad["gpus"][0]["mig-devices"][0]["name"] = "9g.99gb"
+    document["nodes"]["bad"] = bad
+    path = tmp_path / "topology.yml"
+    path.write_text(yaml.safe_dump(document))
+    result = run_cli("exporter", "--topology-file", str(path), "--all-nodes", "--once")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"warning: topology file {path}: nodes.bad.gpus[0].mig-devices[0].name: unknown profile "
+        "'9g.99gb' for A100-40GB (1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb)"
+    ]
+    assert {s.label("Hostname") for s in parse(result.stdout)} == {NODE}
+
+
 def test_render_unusable_input_exits_2(tmp_path: Path) -> None:
     assert_one_line_error(run_cli("status_updater", "render", "--nodes", str(tmp_path / "nope.yaml")), 2,
                           "nope.yaml: no such file or directory")  # fmt: skip
@@ -195,7 +211,7 @@ def test_exporter_errors_are_one_line(tmp_path: Path) -> None:
                                        "is-dynamic-mig-enabled: true, gpus: [{id: GPU-1, mig-devices: "
                                        "[{name: 1g.5gb, position: 0, gpu-instance-id: 7}]}]}}")  # fmt: skip
     assert_one_line_error(run_cli("exporter", "--topology-file", str(tmp_path / "bad.yaml"), "--node-name", "n", "--once"),
-                          2, "gpus[0].mig-devices[0].name: node n: unknown profile '1g.5gb' for H200-141GB")  # fmt: skip
+                          2, "bad.yaml: nodes.n.gpus[0].mig-devices[0].name: unknown profile '1g.5gb' for H200-141GB")  # fmt: skip
     os.mkfifo(tmp_path / "fifo.yaml")  # a wrong path must not hang the exporter
     assert_one_line_error(run_cli("exporter", "--topology-file", str(tmp_path / "fifo.yaml"), "--node-name", "n", "--once", timeout=10),
                           2, "topology: not a regular file")  # fmt: skip

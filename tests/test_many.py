@@ -148,7 +148,7 @@ def test_a_bad_node_keeps_its_last_good_series_and_the_others_go_on() -> None:
     assert snap.body == good
     assert not snap.healthy
     assert snap.reason.startswith(
-        "ConfigMap gpu-operator/topology-a: gpus[0].mig-devices[0].name: node a:"
+        "ConfigMap gpu-operator/topology-a: nodes.a.gpus[0].mig-devices[0].name: unknown profile"
     )
     assert len(snap.reason.splitlines()) == 1
     many.update_source("topology-a", doc("a", MIG), "ConfigMap gpu-operator/topology-a")
@@ -255,7 +255,7 @@ def test_a_bad_entry_is_logged_once_and_counted_once(caplog: pytest.LogCaptureFi
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and warnings[0].endswith("; serving its last good series")
     assert warnings[0].startswith(
-        "ConfigMap a: gpus[0].mig-devices[0].name: node a: unknown profile"
+        "ConfigMap a: nodes.a.gpus[0].mig-devices[0].name: unknown profile"
     )
     assert many.invalid.value("node") == 1
     snap = many.render()
