@@ -40,6 +40,10 @@ def test_names_that_do_not_fit_get_a_stable_hashed_form() -> None:
     # from a node that is really called gpu-node.a.
     digest = hashlib.sha256(b"GPU_Node.A").hexdigest()[:10]
     assert contract.node_configmap_name("GPU_Node.A") == f"topology-gpu-node.a-{digest}"
+    # A label value keeps the case and '_', and drops what it may not start or end with.
+    for node, kept in (("X_Node.A!", "X_Node.A"), ("._X!", "X")):
+        digest = hashlib.sha256(node.encode()).hexdigest()[:10]
+        assert contract.node_label_value(node) == f"{kept}-{digest}"
 
 
 @given(st.lists(names, min_size=1, max_size=20, unique=True))

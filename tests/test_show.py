@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -17,11 +18,15 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import SAMPLES, run_cli
+from conftest import ROOT, SAMPLES, run_cli
+from test_reconcile import whole_gpu_node
 
+from status_updater.state import reconcile
+from topology import __main__ as topology_main
 from topology.__main__ import MAX_FILE_BYTES
 from topology.configmap import parse_document
 from topology.errors import TopologyError
+from topology.model import dump_yaml
 from topology.show import picture
 
 NODE = "qa-mig-worker-gpu-a100"
@@ -388,3 +393,26 @@ def test_the_readme_shows_what_the_command_prints() -> None:
     result = show(str(SAMPLES / "topology" / "a100-40gb-active.yaml"))
     assert result.returncode == 0, result.stderr
     assert printed == result.stdout
+
+
+def test_a_reader_that_stops_early_is_no_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m topology show FILE | head`: the picture is far longer than the pipe holds."""
+    path = tmp_path / "topology.yml"
+    path.write_text(
+        dump_yaml(reconcile([whole_gpu_node(f"n{i}", count=8) for i in range(300)], [])[0])
+    )
+    proc = subprocess.Popen([sys.executable, "-m", "topology", "show", str(path)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(100).startswith(b"node ")
+    proc.stdout.close()  # as `head` does once it has its lines
+    assert proc.stderr.read() == b""  # no traceback, not even one Python ignores at exit
+    assert proc.wait(timeout=30) == 0
+    # The same in this process (where a mutation run can see it): the reader is gone at once.
+    reader, writer = os.pipe()
+    os.close(reader)
+    with open(writer, "w") as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        assert topology_main.main(["show", str(path)]) == 0

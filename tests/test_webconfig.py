@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import http.client
+import logging
 import os
 import select
 import socket
@@ -392,6 +393,11 @@ CONFIG_ERRORS = [
         "{dir}/certs/server.pem",
     ),
     (
+        "tls_server_config:\n  cert_file: certs/garbled.pem\n  key_file: certs/server.key\n",
+        "tls_server_config.cert_file: {dir}/certs/garbled.pem with {dir}/certs/server.key: "
+        "cannot be loaded: [SSL] PEM lib …",
+    ),
+    (
         "basic_auth_users:\n  alice: hunter2\n",
         "basic_auth_users.alice: expected a bcrypt hash ($2y$10$ and 53 characters, as "
         "`htpasswd -nBC 10 \"\" | tr -d ':\\n'` prints)",
@@ -449,11 +455,30 @@ def test_config_errors_are_one_line_naming_file_and_field(
     pki: Pki, config: str, expected: str
 ) -> None:
     pki.ca.issue_cert("other").private_key_pem.write_to_path(str(pki.dir / "certs/other.key"))
+    (pki.dir / "certs/garbled.pem").write_text(
+        "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"
+    )
     path = write_config(pki.dir, config)
     with pytest.raises(WebConfigError) as e:
         load(path)
     assert_one_line(e, path, expected.format(dir=pki.dir))
     assert "hunter2" not in str(e.value)  # never a secret in a message
+
+
+def test_a_certificate_removed_between_its_check_and_its_load_is_one_line(
+    pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_config(pki.dir, TLS)
+
+    def removed(self: ssl.SSLContext, *args: object, **kw: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(ssl.SSLContext, "load_cert_chain", removed)
+    with pytest.raises(WebConfigError) as e:
+        load(path)
+    assert_one_line(
+        e, path, "tls_server_config.cert_file: cannot be read: No such file or directory"
+    )
 
 
 def test_fifos_are_refused_not_waited_on(pki: Pki) -> None:
@@ -581,7 +606,8 @@ def test_a_trickling_client_is_dropped_at_the_deadline_not_per_byte() -> None:
         assert closed is not None and 0.9 < closed < 2.5, closed
 
 
-def test_the_connection_cap_holds_and_frees() -> None:
+def test_the_connection_cap_holds_and_frees(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="exporter")
     with serving(limits=Limits(max_connections=4, head_timeout_s=1.5)) as server:
         slow = slow_clients(server, 4)
         time.sleep(0.3)  # all four accepted and holding their slots
@@ -589,6 +615,12 @@ def test_the_connection_cap_holds_and_frees() -> None:
         waited = closed_within(extra, 1.0)
         assert waited is not None and waited < 0.5  # closed at once, not after the deadline
         extra.close()
+        # Said at debug level only: a crowd of refused clients must not flood the log.
+        (refused,) = [r for r in caplog.records if "refused" in r.getMessage()]
+        assert (refused.levelname, refused.getMessage()) == (
+            "DEBUG",
+            "connection from 127.0.0.1 refused: 4 served already",
+        )
         # The slots free when the slow ones hit their deadline; scrapes are served again.
         for s in slow:
             assert closed_within(s, 4) is not None
