@@ -693,9 +693,10 @@ class _Node:
 
     def _place_shared(self, pod: Obj, obj: str, uid: str, warnings: list[TopologyError]) -> None:
         """Replicas of shared devices, as the device plugin's `distributed` policy hands them
-        out: one at a time, on the device with the fewest replicas taken, preferring devices
-        not yet picked for this pod, then the lowest GPU index and GI id; there, the lowest free
-        replica. A pod keeps the replicas it held. A pod that does not fit gets nothing."""
+        out, container by container: one at a time, on the device with the fewest replicas
+        taken (the pod's earlier containers' included), preferring devices not yet picked for
+        this container, then the lowest GPU index and GI id; there, the lowest free replica.
+        A pod keeps the replicas it held. A pod that does not fit gets nothing."""
         assert self.node.sharing is not None
         count_per_device = self.node.sharing.replicas
         namespace, pod_name = _names(pod)
@@ -726,8 +727,10 @@ class _Node:
             mine = [(g, d, r) for g, d, r, c in self.kept_replicas.get(uid, ())
                     if c == container and (g, d) in devices and free(g, d, r)]  # fmt: skip
             chosen: list[tuple[int, int | None, int]] = mine[:count]
-            # This container's replicas per device; with those held before, the device's load.
+            # This container's replicas per device; with those taken before (by other pods and
+            # this pod's earlier containers: the kubelet allocates containers in turn), the load.
             picked = {dev: sum(1 for g, d, _ in chosen if (g, d) == dev) for dev in devices}
+            before = {dev: sum(1 for g, d, _ in taken if (g, d) == dev) for dev in devices}
             for _ in range(count - len(chosen)):
                 # device -> its lowest replica still free for this container
                 lowest_open = {
@@ -744,7 +747,8 @@ class _Node:
                         f"asks for {count} {what} replicas, node {self.name} has {free_count} free",
                     )
                 dev = min(lowest_open, key=lambda v: (
-                    len(self.replicas.get(v, {})) + picked[v], picked[v], self._order(v)))  # fmt: skip
+                    len(self.replicas.get(v, {})) + before[v] + picked[v], picked[v],
+                    self._order(v)))  # fmt: skip
                 chosen.append((*dev, lowest_open[dev]))
                 picked[dev] += 1
             picks += [(g, d, r, container) for g, d, r in chosen]

@@ -226,6 +226,14 @@ def test_each_container_of_a_sharing_pod_gets_its_own_replicas() -> None:
     by_container = [[(r.index, r.holder.container) for r in (g.status.replicas if g.status else ())]
                     for g in topology.nodes["n2"].gpus]  # fmt: skip
     assert by_container == [[(0, "a"), (1, "b")], [(0, "b")]]
+    # The kubelet allocates the containers in turn: the second sees the first's replica taken,
+    # and its one replica goes to the other GPU.
+    ones = pod("ones", "n2", "2026-01-01T00:00:00Z",
+               {"a": {"nvidia.com/gpu": "1"}, "b": {"nvidia.com/gpu": "1"}})  # fmt: skip
+    topology, warnings = reconcile([two_gpu_node(4)], [ones])
+    assert warnings == []
+    assert [[(r.index, r.holder.container) for r in (g.status.replicas if g.status else ())]
+            for g in topology.nodes["n2"].gpus] == [[(0, "a")], [(0, "b")]]  # fmt: skip
 
 
 def test_a_pod_keeps_its_replica_and_the_named_pod_stays_while_it_lives() -> None:
