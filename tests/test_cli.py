@@ -219,7 +219,7 @@ def test_exporter_errors_are_one_line(tmp_path: Path) -> None:
     # in the file and in the topology.yml a ConfigMap carries.
     (tmp_path / "deep.yaml").write_text("nodes: " + "[" * 60_000 + "]" * 60_000)
     assert_one_line_error(run_cli("exporter", "--topology-file", str(tmp_path / "deep.yaml"), "--node-name", "n", "--once"),
-                          2, "is not valid YAML: nests more than 1000 levels deep")  # fmt: skip
+                          2, f"topology file {tmp_path / 'deep.yaml'}: topology: is not valid YAML: nests more than 1000 levels deep")  # fmt: skip
     deep = {
         "kind": "ConfigMap",
         "data": {"topology.yml": "nodes: " + "{a: " * 60_000 + "1" + "}" * 60_000},

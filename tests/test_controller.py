@@ -17,7 +17,10 @@ from kubeapi import KubeAPI, eventually
 from test_reconcile import gpu_pod, whole_gpu_node
 from test_static import pod as static_pod
 
+from kube.api import list_watch
+from status_updater import controller as controller_module
 from status_updater import daemon
+from status_updater import pernode as pernode_module
 from status_updater import reconcile as rc
 from status_updater.controller import LAYOUTS_ATTEMPTS, Controller
 from status_updater.single import SingleWriter, TooLarge
@@ -278,13 +281,25 @@ def test_a_restarted_writer_keeps_what_the_configmaps_say_pods_hold() -> None:
 # ------------------------------------------------- honest health: a dead loop ends the process
 
 
+@pytest.mark.parametrize("loop_name", ["writer", "pods", "configmaps"])
 def test_the_updater_exits_when_one_of_its_loops_stops(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    loop_name: str,
 ) -> None:
     def broken(self: Controller, stop: threading.Event) -> None:
         return  # the writer loop ends, as a bug would end it
 
-    monkeypatch.setattr(Controller, "run_writer", broken)
+    def watch_or_end(what: str, *args: Any, **kw: Any) -> None:
+        if what != loop_name:  # this watch ends, as a bug would end it
+            list_watch(what, *args, **kw)
+
+    if loop_name == "writer":
+        monkeypatch.setattr(Controller, "run_writer", broken)
+    else:
+        monkeypatch.setattr(controller_module, "list_watch", watch_or_end)
+        monkeypatch.setattr(pernode_module, "list_watch", watch_or_end)
     monkeypatch.setattr(daemon.signal, "signal", lambda *_: None)  # pytest keeps its handlers
     with KubeAPI.start() as kube:
         config = kube.write_kubeconfig(tmp_path / "kubeconfig")
@@ -292,7 +307,7 @@ def test_the_updater_exits_when_one_of_its_loops_stops(
         code = daemon.run(str(config), "per-node", "lease", "me", 30.0, "gpu-operator/x")
     assert code == 1
     assert time.monotonic() - started < 5
-    assert "the writer thread stopped; exiting to be restarted" in caplog.text
+    assert f"the {loop_name} thread stopped; exiting to be restarted" in caplog.messages
 
 
 def test_a_failing_pod_watch_pauses_the_writes_until_pods_are_listed_again() -> None:

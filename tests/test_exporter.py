@@ -3,9 +3,11 @@ last good topology kept when an update is bad."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 
+import pytest
 import yaml
 from conftest import SAMPLES
 from freezegun import freeze_time
@@ -70,7 +72,8 @@ def test_fixed_utilization() -> None:
     assert util(exporter) == [73, 0]
 
 
-def test_health_and_last_good_state() -> None:
+def test_health_and_last_good_state(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
     exporter = Exporter("qa-mig-worker-gpu-a100", dcgm.Options("h"), Published())
     snap = exporter.snapshot()
     assert (snap.healthy, snap.reason, snap.body) == (False, "no topology yet", b"")
@@ -103,6 +106,14 @@ def test_health_and_last_good_state() -> None:
         + ", ".join(f"n{i:02}" for i in range(10))
         + " and 2 more); serving the last good topology"
     )
+    exporter.update(MIG, "cm")
+    assert exporter.snapshot().healthy
+    # Each change of health is said once, in one line; good again at info level.
+    assert [(r.levelname, r.getMessage()) for r in caplog.records][-1] == (
+        "INFO",
+        "topology for node qa-mig-worker-gpu-a100 is good",
+    )
+    assert [r.levelname for r in caplog.records] == ["INFO", *["WARNING"] * 3, "INFO"]
 
 
 def test_a_body_of_many_parts_arrives_whole_and_in_order() -> None:

@@ -8,6 +8,7 @@ fake GPU is built from the MIG catalog; expected values come from the fake's raw
 from __future__ import annotations
 
 import ctypes.util
+import logging
 import re
 import signal
 import subprocess
@@ -39,7 +40,7 @@ from test_cli import free_port, get
 from test_live import running
 from test_reconcile import gpu_pod, whole_gpu_node
 
-from exporter import dcgm, nvml
+from exporter import cli, dcgm, nvml
 from exporter.cli import parser
 from exporter.collector import NvmlExporter
 from exporter.fields import parse_counters
@@ -733,3 +734,15 @@ def test_the_collector_says_each_change_once_and_counts_every_failure(
         "# TYPE mig_exporter_nvml_last_collection_timestamp_seconds gauge",
     ]
     assert 'mig_exporter_invalid_objects_total{kind="node"} 0' in own
+
+
+def test_a_failing_shutdown_after_once_is_a_debug_line_only(
+    fake: FakeNvml, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.fail["nvmlShutdown"] = pynvml.NVML_ERROR_UNKNOWN  # nothing left to do about it
+    caplog.set_level(logging.DEBUG, logger="exporter")
+    assert cli.main(["--source", "nvml", "--once"]) == 0
+    out, err = capsys.readouterr()
+    assert by_name(parse(out), "DCGM_FI_DEV_GPU_TEMP") and err == ""
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [("DEBUG", "nvmlShutdown: Unknown Error")]

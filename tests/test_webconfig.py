@@ -11,6 +11,7 @@ import os
 import select
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import threading
@@ -26,9 +27,11 @@ import bcrypt
 import pytest
 import trustme
 from conftest import ROOT, SAMPLES
+from kubeapi import eventually
 
 from exporter import webconfig
 from exporter.server import (
+    CONTENT_TYPE,
     MAX_HEAD_BYTES,
     TLS_CHUNK_BYTES,
     Limits,
@@ -247,6 +250,10 @@ def test_basic_auth_protects_every_path(tmp_path: Path) -> None:
             assert r.headers["Content-Type"] == "text/plain; charset=utf-8"
             assert r.body == b"Unauthorized\n"
             assert r.headers["Server"] == "mig-exporter"  # not the Python version
+        head = raw(server, b"HEAD /metrics HTTP/1.1\r\n\r\n")  # all the server sends
+        status, headers_end, after = head.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.0 401 ") and b"Content-Length: 13" in status
+        assert (headers_end, after) == (b"\r\n\r\n", b"")  # the headers, and no body
         assert request(server, method="POST").status == 401  # auth before anything else
         assert request(server, method="POST", auth=("alice", "s3cret")).status == 405
 
@@ -585,9 +592,12 @@ def test_slow_clients_do_not_starve_a_scrape() -> None:
             s.close()
 
 
-def test_a_trickling_client_is_dropped_at_the_deadline_not_per_byte() -> None:
+def test_a_trickling_client_is_dropped_at_the_deadline_not_per_byte(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A byte every 0.2 s would satisfy any per-read timeout for ever; the deadline is on the
     whole head."""
+    caplog.set_level(logging.DEBUG, logger="exporter")
     with serving(limits=Limits(head_timeout_s=1.0)) as server:
         s = socket.create_connection(("127.0.0.1", server.port))
         start = time.monotonic()
@@ -604,6 +614,10 @@ def test_a_trickling_client_is_dropped_at_the_deadline_not_per_byte() -> None:
                 break
         s.close()
         assert closed is not None and 0.9 < closed < 2.5, closed
+    # Said at debug level, in one line: a dropped client is not news.
+    assert ("DEBUG", "connection from 127.0.0.1 dropped: timed out") in [
+        (r.levelname, r.getMessage()) for r in caplog.records
+    ]
 
 
 def test_the_connection_cap_holds_and_frees(caplog: pytest.LogCaptureFixture) -> None:
@@ -652,6 +666,50 @@ def test_request_heads_are_bounded() -> None:
         assert too_long_line.startswith(b"HTTP/1.0 431 ")
         many = raw(server, start + b"".join(b"X-%d: 1\r\n" % i for i in range(150)) + b"\r\n")
         assert many.startswith(b"HTTP/1.0 431 ")  # http.server's 100 headers, still under 8 KiB
+
+
+def test_every_answer_says_what_it_is_and_head_sends_no_body() -> None:
+    text = "text/plain; charset=utf-8"
+    with serving(snapshot=Snapshot(ready=False)) as server:  # before the first topology
+        for path in ("/metrics", "/health"):
+            r = request(server, path)
+            assert (r.status, r.headers["Content-Type"], r.body) == (
+                503,
+                text,
+                b"no topology yet\n",
+            )
+    with serving(snapshot=Snapshot((b"metric_a 1\n",), False, "the file is bad")) as server:
+        r = request(server, "/health")  # unhealthy, still serving the last good series
+        assert (r.status, r.headers["Content-Type"], r.body) == (503, text, b"the file is bad\n")
+        r = request(server, "/metrics")
+        assert (r.status, r.headers["Content-Type"]) == (200, CONTENT_TYPE)
+    with serving() as server:
+        for path, status, body in (("/health", 200, b"ok\n"), ("/x", 404, b"not found: try /metrics or /health\n")):  # fmt: skip
+            r = request(server, path)
+            assert (r.status, r.headers["Content-Type"], r.body) == (status, text, body)
+            head = request(server, path, method="HEAD")
+            assert (head.status, head.headers["Content-Length"], head.body) == (status, str(len(body)), b"")  # fmt: skip
+
+
+def test_a_client_gone_mid_answer_is_a_debug_line_and_no_traceback(
+    caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="exporter")
+    big = Snapshot((b"x" * (32 << 20),), True, "ok")  # far more than the socket buffers hold
+    with serving(snapshot=big) as server:
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        s.recv(1024)  # the answer has begun
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()  # reset: the rest cannot be sent
+        said = eventually(
+            lambda: [r for r in caplog.records if r.getMessage().startswith("connection from")]
+        )
+        assert request(server, "/health").status == 200  # and it goes on serving
+    assert [(r.levelname, r.getMessage().split(": [Errno")[0]) for r in said] == [
+        ("DEBUG", "connection from 127.0.0.1")
+    ]
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_only_two_paths_and_two_methods_are_served() -> None:
