@@ -231,8 +231,9 @@ def test_a_pod_naming_another_nodes_mig_id_takes_nothing_from_that_node() -> Non
     device = {"name": "nvidia.com/mig-3g.20gb", "position": 4, "gpuindex": 0, "deviceUUID": taken}
     thief = static_pod("thief", "aaa-first-by-name", "2026-01-01T00:00:00Z", {"c": {}},
                        annotations={"runai-mig-device": json.dumps(device)})  # fmt: skip
+    whole = gpu_pod("whole", "aaa-first-by-name", 1, "2026-01-01T00:00:00Z")  # takes GPU 1
     before = ClusterState.of([REAL_NODE], []).results[owner]
-    state = ClusterState.of([REAL_NODE, other], [thief])
+    state = ClusterState.of([REAL_NODE, other], [thief, whole])
     assert state.results[owner] == before  # not removed, not changed
     mine = state.results["aaa-first-by-name"]
     assert isinstance(mine, NodeTopology)  # the node is fine: only the pod's claim was wrong
@@ -240,10 +241,13 @@ def test_a_pod_naming_another_nodes_mig_id_takes_nothing_from_that_node() -> Non
     honest["metadata"]["annotations"]["runai-mig-device"] = json.dumps(
         {k: v for k, v in device.items() if k != "deviceUUID"}
     )
-    assert mine == ClusterState.of([other], [honest]).results["aaa-first-by-name"]  # all else kept
+    assert (
+        mine == ClusterState.of([other], [honest, whole]).results["aaa-first-by-name"]
+    )  # all else kept
     held = [d for g in mine.gpus for d in g.mig_devices or () if d.status]
     assert [(d.position, d.id, d.status.allocated_by.pod) for d in held] == [(4, None, "thief")]  # type: ignore[union-attr]
     assert [g.mig_devices is None for g in mine.gpus] == [False, True]
+    assert mine.gpus[1].status is not None and mine.gpus[1].status.allocated_by.pod == "whole"  # type: ignore[union-attr]
 
 
 def test_a_newer_node_copying_ids_never_takes_them_from_the_older_one() -> None:

@@ -8,6 +8,7 @@ import copy
 import json
 from typing import Any
 
+import pytest
 from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -193,6 +194,45 @@ def test_a_copied_id_makes_the_later_name_the_bad_node_in_any_order() -> None:
     state.set_node(node("b"))
     assert state.settle() == {"b"}
     assert isinstance(state.results["b"], NodeTopology)
+
+
+def test_a_node_claiming_the_ids_of_two_others_judges_both_again() -> None:
+    older, newer = "2025-01-01T00:00:00Z", "2026-01-01T00:00:00Z"
+    b, c = node("b"), node("c")
+    for n in (b, c):
+        n["metadata"]["creationTimestamp"] = newer
+    a = node("a")  # GPU 0 named with b's ids, GPU 1 with c's; the oldest Node keeps them
+    a["metadata"]["creationTimestamp"] = older
+    mapping = {str(g): {str(p): f"MIG-{other}-{g}-{p}" for p in LAYOUT}
+               for g, other in enumerate(("b", "c"))}  # fmt: skip
+    a["metadata"]["annotations"]["run.ai/mig-mapping"] = base64.b64encode(
+        json.dumps(mapping).encode()
+    ).decode()
+    state = ClusterState.of([b, c], [])
+    state.set_node(a)
+    state.settle()
+    assert [type(state.results[n]).__name__ for n in "abc"] == ["NodeTopology", "Unreadable", "Unreadable"]  # fmt: skip
+    state.delete_node("a")
+    state.settle()
+    assert all(isinstance(state.results[n], NodeTopology) for n in "bc")
+
+
+def test_a_node_that_breaks_the_builder_is_one_line_and_the_others_are_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    build = rc.build_node
+
+    def fragile(node: dict[str, Any], *args: Any) -> Any:
+        if node["metadata"]["name"] == "b":
+            raise ValueError("an odd value")  # a bug, not bad input: the last guard holds
+        return build(node, *args)
+
+    monkeypatch.setattr(rc, "build_node", fragile)
+    state = ClusterState.of([node("a"), node("b")], [])
+    assert isinstance(state.results["a"], NodeTopology)
+    assert [str(w) for w in state.node_warnings("b")] == [
+        "node b: ?: cannot be read: ValueError: an odd value"
+    ]
 
 
 def test_a_label_change_that_keeps_the_devices_is_still_a_change() -> None:
