@@ -14,7 +14,7 @@ from typing import Any
 import kubernetes
 import pytest
 from kubeapi import KubeAPI, eventually
-from test_reconcile import gpu_pod, whole_gpu_node
+from test_reconcile import after_one_ended, gpu_pod, whole_gpu_node
 from test_static import pod as static_pod
 
 from kube.api import list_watch
@@ -242,13 +242,9 @@ def test_the_first_write_and_a_takeover_compare_everything_and_failures_are_retr
 def test_a_restarted_writer_keeps_what_the_configmaps_say_pods_hold() -> None:
     node, pod = whole_gpu_node("k80", count=2), gpu_pod("b", "k80", 1, "2026-01-02T00:00:00Z")
     # What a previous process wrote: b on GPU 1 (GPU 0's older pod has ended since).
-    before = ClusterState()
-    before.set_node(node)
-    before.set_pod(gpu_pod("a", "k80", 1, "2026-01-01T00:00:00Z"))
-    before.set_pod(pod)
-    before.settle()
-    before.delete_pod("ns/a")
-    before.settle()
+    before = after_one_ended(
+        2, [("a", 1, "2026-01-01T00:00:00Z"), ("b", 1, "2026-01-02T00:00:00Z")], ended="a"
+    )
     writer = Recorder(written=dict(before.topology().nodes))
     held: list[int] = []
 

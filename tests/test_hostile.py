@@ -22,7 +22,7 @@ from conftest import SAMPLES, examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from promtext import parse
-from test_reconcile import REAL_NODE, gpu_pod, whole_gpu_node
+from test_reconcile import REAL_NODE, after_one_ended, gpu_pod, whole_gpu_node
 from test_static import pod as static_pod
 from test_static import static_node
 
@@ -338,13 +338,9 @@ def test_a_mig_instance_stays_with_its_pod_when_an_older_pod_ends() -> None:
 
 
 def test_a_restarted_updater_keeps_the_assignments_it_wrote() -> None:
-    state = ClusterState()
-    state.set_node(whole_gpu_node("k80", count=3))
-    for i, name in enumerate(["a", "b"]):
-        state.set_pod(gpu_pod(name, "k80", 1, f"2026-01-0{i + 1}T00:00:00Z"))
-    state.settle()
-    state.delete_pod("ns/a")
-    state.settle()
+    state = after_one_ended(
+        3, [("a", 1, "2026-01-01T00:00:00Z"), ("b", 1, "2026-01-02T00:00:00Z")], ended="a"
+    )
     written = load_yaml(dump_yaml(state.topology()))
     # A fresh process: it reads back what it wrote, then lists the cluster.
     fresh = ClusterState()
@@ -420,13 +416,9 @@ def test_an_older_pod_that_lost_devices_takes_none_from_a_younger_one() -> None:
 
 
 def test_a_pod_that_kept_some_devices_places_before_an_older_newcomer() -> None:
-    state = ClusterState()
-    state.set_node(whole_gpu_node("k80", count=3))
-    state.set_pod(gpu_pod("x", "k80", 1, "2026-01-01T00:00:00Z"))
-    state.set_pod(gpu_pod("b", "k80", 2, "2026-01-03T00:00:00Z"))
-    state.settle()
-    state.delete_pod("ns/x")
-    state.settle()
+    state = after_one_ended(
+        3, [("x", 1, "2026-01-01T00:00:00Z"), ("b", 2, "2026-01-03T00:00:00Z")], ended="x"
+    )
     assert holders(state, "k80") == {"b": [(1, None), (2, None)]}
     # At once: the node shrinks (b loses GPU 2) and a pod created before b is bound to it.
     # b, which runs, places first: it keeps GPU 1 and takes GPU 0; the newcomer waits.

@@ -46,6 +46,20 @@ def gpu_pod(name: str, node: str, gpus: int, created: str) -> dict[str, Any]:
             "status": {"phase": "Running"}}  # fmt: skip
 
 
+def after_one_ended(count: int, pods: list[tuple[str, int, str]], ended: str) -> ClusterState:
+    """Node k80 of `count` whole GPUs once `pods` (name, GPUs, created) were placed and then the
+    pod named `ended` ended: the others hold what they were given, whatever a fresh placement
+    would give them now."""
+    state = ClusterState()
+    state.set_node(whole_gpu_node("k80", count=count))
+    for name, gpus, created in pods:
+        state.set_pod(gpu_pod(name, "k80", gpus, created))
+    state.settle()
+    state.delete_pod(f"ns/{ended}")
+    state.settle()
+    return state
+
+
 def devices(topology: Topology, node: str = NAME, gpu: int = 0) -> dict[int, Any]:
     return {d.position: d for d in topology.nodes[node].gpus[gpu].mig_devices or ()}
 

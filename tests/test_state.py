@@ -276,20 +276,16 @@ def test_a_relist_drops_what_it_no_longer_holds() -> None:
 
 
 def test_remembered_placements_replace_the_state_own() -> None:
-    from test_reconcile import gpu_pod, whole_gpu_node
+    from test_reconcile import after_one_ended, gpu_pod, whole_gpu_node
 
     state = ClusterState.of([whole_gpu_node("k80", count=2)],
                             [gpu_pod("b", "k80", 1, "2026-01-02T00:00:00Z")])  # fmt: skip
     result = state.results["k80"]
     assert isinstance(result, NodeTopology) and result.gpus[0].status is not None
     # Another leader wrote b on GPU 1: taking over, this replica follows what was written.
-    written = ClusterState()
-    written.set_node(whole_gpu_node("k80", count=2))
-    written.set_pod(gpu_pod("a", "k80", 1, "2026-01-01T00:00:00Z"))
-    written.set_pod(gpu_pod("b", "k80", 1, "2026-01-02T00:00:00Z"))
-    written.settle()
-    written.delete_pod("ns/a")
-    written.settle()
+    written = after_one_ended(
+        2, [("a", 1, "2026-01-01T00:00:00Z"), ("b", 1, "2026-01-02T00:00:00Z")], ended="a"
+    )
     state.remember(written.topology().nodes)
     assert state.settle() == {"k80"}
     assert state.results["k80"] == written.results["k80"]

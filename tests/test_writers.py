@@ -168,12 +168,18 @@ def per_node(core: FakeCore) -> PerNodeWriter:
     return writer
 
 
-def test_per_node_rereads_on_a_409_and_stops_when_the_content_is_there() -> None:
-    core = FakeCore()
+def written_once(core: FakeCore) -> tuple[PerNodeWriter, ClusterState, str]:
+    """A per-node writer that has written node k80, pod p on one of its GPUs: the writer, that
+    state and the ConfigMap's name."""
     writer = per_node(core)
     state = state_with(gpu_pod("p", "k80", 1, "2026-01-01T00:00:00Z"))
     writer.sync(state, {"k80"}, full=False)
-    name = contract.node_configmap_name("k80")
+    return writer, state, contract.node_configmap_name("k80")
+
+
+def test_per_node_rereads_on_a_409_and_stops_when_the_content_is_there() -> None:
+    core = FakeCore()
+    writer, _, name = written_once(core)
     assert [verb for verb, _ in core.writes()] == ["create"]
     # The pod ends; someone else writes first: the patch carries the version seen, gets 409,
     # reads again and patches with the new one.
@@ -243,10 +249,7 @@ def test_per_node_deletes_its_configmaps_of_nodes_gone_while_it_was_down(
 
 def test_per_node_writes_again_a_configmap_deleted_under_it() -> None:
     core = FakeCore()
-    writer = per_node(core)
-    state = state_with(gpu_pod("p", "k80", 1, "2026-01-01T00:00:00Z"))
-    writer.sync(state, {"k80"}, full=False)
-    name = contract.node_configmap_name("k80")
+    writer, state, name = written_once(core)
     written = core.cms.pop(name)  # someone deletes it: the watch says so
     writer._events.put(("DELETED", written))
     writer.sync(state, set(), full=False)  # nothing changed in the cluster
