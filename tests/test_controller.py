@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import sys
@@ -340,6 +341,28 @@ def test_a_failing_pod_watch_pauses_the_writes_until_pods_are_listed_again() -> 
             kube.cut_watches()
 
 
+@contextlib.contextmanager
+def layouts_informer(kube: KubeAPI) -> Iterator[Callable[[], list[tuple[str, object]]]]:
+    """The mig-parted ConfigMap's informer, running against `kube`: gives a function that
+    returns (kind, payload) of every event it has reported so far, in order."""
+    controller = Controller(kubernetes.client.CoreV1Api(kube.api_client()), Recorder())
+    stop = threading.Event()
+    controller._layouts_informer(stop).start()
+    seen: list[tuple[str, object]] = []
+
+    def reported() -> list[tuple[str, object]]:
+        while not controller.events.empty():
+            _, kind, payload = controller.events.get()
+            seen.append((kind, payload))
+        return seen
+
+    try:
+        yield reported
+    finally:
+        stop.set()
+        kube.cut_watches()
+
+
 def _layout_events(
     status: int, failures: int, *configmaps: dict[str, Any]
 ) -> list[tuple[str, object]]:
@@ -349,23 +372,13 @@ def _layout_events(
         for cm in configmaps:
             kube.create("configmaps", cm, namespace="gpu-operator")
         kube.fail_next(failures, status=status, action="list", plural="configmaps")
-        controller = Controller(kubernetes.client.CoreV1Api(kube.api_client()), Recorder())
-        stop = threading.Event()
-        controller._layouts_informer(stop).start()
-        seen: list[tuple[str, object]] = []
+        with layouts_informer(kube) as reported:
 
-        def reset_seen() -> bool:
-            while not controller.events.empty():
-                _, kind, payload = controller.events.get()
-                seen.append((kind, payload))
-            return any(kind == "RESET" for kind, _ in seen)
+            def listed() -> list[tuple[str, object]] | None:
+                seen = reported()
+                return seen if any(kind == "RESET" for kind, _ in seen) else None
 
-        try:
-            eventually(reset_seen, timeout=20)
-        finally:
-            stop.set()
-            kube.cut_watches()
-        return seen
+            return eventually(listed, timeout=20)
 
 
 def test_passing_failures_to_read_the_layouts_are_retried_before_writing_without_them() -> None:
@@ -388,26 +401,12 @@ def test_passing_failures_to_read_the_layouts_are_retried_before_writing_without
 
 
 def test_the_layouts_failures_are_counted_again_from_each_good_list() -> None:
-    with KubeAPI.start(strict=True) as kube:
-        controller = Controller(kubernetes.client.CoreV1Api(kube.api_client()), Recorder())
-        stop = threading.Event()
-        controller._layouts_informer(stop).start()
-        kinds: list[str] = []
-
-        def seen() -> list[str]:
-            while not controller.events.empty():
-                kinds.append(controller.events.get()[1])
-            return kinds
-
-        try:
-            eventually(lambda: seen() == ["RESET"], timeout=10)
-            for _ in range(2):  # each time one failure short of giving up: never an ERROR
-                kube.fail_next(LAYOUTS_ATTEMPTS - 1, action="list", plural="configmaps")
-                kube.expire_watches()  # the next watch gets 410 Gone: it lists again
-                kube.cut_watches()
-                count = len(kinds)
-                eventually(lambda n=count: len(seen()) > n, timeout=20)
-            assert kinds == ["RESET"] * 3
-        finally:
-            stop.set()
+    with KubeAPI.start(strict=True) as kube, layouts_informer(kube) as reported:
+        eventually(lambda: [kind for kind, _ in reported()] == ["RESET"], timeout=10)
+        for _ in range(2):  # each time one failure short of giving up: never an ERROR
+            kube.fail_next(LAYOUTS_ATTEMPTS - 1, action="list", plural="configmaps")
+            kube.expire_watches()  # the next watch gets 410 Gone: it lists again
             kube.cut_watches()
+            count = len(reported())
+            eventually(lambda n=count: len(reported()) > n, timeout=20)
+        assert [kind for kind, _ in reported()] == ["RESET"] * 3

@@ -21,13 +21,15 @@ from topology.model import NodeTopology
 LAYOUT = {0: "2g.10gb", 4: "1g.5gb", 5: "1g.5gb", 6: "1g.5gb"}
 
 
-def node(name: str, *, mapping_from: str | None = None, strategy: str = "mixed",
+def node(name: str, *, mapping_from: str | tuple[str, str] | None = None, strategy: str = "mixed",
          broken: bool = False, uid: str = "") -> dict[str, Any]:  # fmt: skip
-    """A 2-GPU A100 node; its mapping names MIG ids after `mapping_from` (a copy: a duplicate)."""
+    """A 2-GPU A100 node; its mapping names MIG ids after `mapping_from` (a copy: a duplicate),
+    or GPU by GPU after the two nodes it names."""
     config = {"mig-configs": {"selected": [{"devices": "all", "mig-enabled": True,
                                             "mig-devices": dict(LAYOUT)}]}}  # fmt: skip
-    source = mapping_from or name
-    mapping = {str(g): {str(p): f"MIG-{source}-{g}-{p}" for p in LAYOUT} for g in range(2)}
+    sources = mapping_from if isinstance(mapping_from, tuple) else (mapping_from or name,) * 2
+    mapping = {str(g): {str(p): f"MIG-{source}-{g}-{p}" for p in LAYOUT}
+               for g, source in enumerate(sources)}  # fmt: skip
     labels = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "two" if broken else "2",
               "nvidia.com/mig.strategy": strategy, "node-role.kubernetes.io/runai-dynamic-mig": "true",
               "node-role.kubernetes.io/runai-mig-enabled": "true", "kubernetes.io/hostname": name}  # fmt: skip
@@ -201,13 +203,8 @@ def test_a_node_claiming_the_ids_of_two_others_judges_both_again() -> None:
     b, c = node("b"), node("c")
     for n in (b, c):
         n["metadata"]["creationTimestamp"] = newer
-    a = node("a")  # GPU 0 named with b's ids, GPU 1 with c's; the oldest Node keeps them
-    a["metadata"]["creationTimestamp"] = older
-    mapping = {str(g): {str(p): f"MIG-{other}-{g}-{p}" for p in LAYOUT}
-               for g, other in enumerate(("b", "c"))}  # fmt: skip
-    a["metadata"]["annotations"]["run.ai/mig-mapping"] = base64.b64encode(
-        json.dumps(mapping).encode()
-    ).decode()
+    a = node("a", mapping_from=("b", "c"))  # b's ids on GPU 0, c's on GPU 1
+    a["metadata"]["creationTimestamp"] = older  # the oldest Node keeps them
     state = ClusterState.of([b, c], [])
     state.set_node(a)
     state.settle()

@@ -86,9 +86,7 @@ class FakeCore:
         if self.others_write:
             self.others_write -= 1
             self.put(name, {"topology.yml": self.others_text}, self.cms[name]["metadata"]["labels"])
-        wanted = (body.get("metadata") or {}).get("resourceVersion")
-        if wanted is not None and wanted != self.cms[name]["metadata"]["resourceVersion"]:
-            raise ApiException(status=409)
+        self._unless_moved(name, (body.get("metadata") or {}).get("resourceVersion"))
         labels = {**self.cms[name]["metadata"]["labels"], **(body.get("metadata") or {}).get("labels", {})}  # fmt: skip
         self.put(name, {**self.cms[name]["data"], **body["data"]}, labels)
         return self._answer(name, kw.get("_preload_content", True))
@@ -98,10 +96,13 @@ class FakeCore:
         self.calls.append(("delete", name, body))
         if name not in self.cms:
             raise ApiException(status=404)
-        wanted = (body.get("preconditions") or {}).get("resourceVersion")
-        if wanted is not None and wanted != self.cms[name]["metadata"]["resourceVersion"]:
-            raise ApiException(status=409)
+        self._unless_moved(name, (body.get("preconditions") or {}).get("resourceVersion"))
         del self.cms[name]
+
+    def _unless_moved(self, name: str, version: str | None) -> None:
+        """The API's 409 for a write based on a version the ConfigMap has moved on from."""
+        if version is not None and version != self.cms[name]["metadata"]["resourceVersion"]:
+            raise ApiException(status=409)
 
     def writes(self) -> list[tuple[str, Any]]:
         return [(verb, body) for verb, _, body in self.calls if verb in ("create", "patch")]
