@@ -291,13 +291,19 @@ def build_node(
         if single and layout is not None and layout.devices:
             gpu_count = _physical_gpus(layout, gpu_count)
     gpus = []
+    refused: dict[int, list[tuple[int, int]]] = {}
     for index in range(gpu_count):
         migs: tuple[MigDevice, ...] | None = None
         if labels.is_dynamic_mig_enabled and model is not None:
             enabled = layout.enabled.get(index, True) if layout else True
             wanted = layout.devices.get(index, ()) if layout else ()
-            migs = _mig_devices(model, index, wanted, mapping) if enabled else None
+            if enabled:
+                migs, not_taken = _mig_devices(model, index, wanted, mapping)
+                if not_taken:
+                    refused[index] = not_taken
         gpus.append(Gpu(id=gpu_uuid(name, index), mig_devices=migs))
+    if refused and warnings is not None:
+        warnings.append(_refused_ids_warning(obj, refused))
     memory = labels.gpu_memory
     if model is not None and (memory == 0 or single):
         memory = model.total_memory_mib  # single strategy labels carry the MIG device's memory
@@ -464,32 +470,72 @@ def _mig_devices(
     gpu_index: int,
     wanted: Iterable[tuple[int, str]],
     mapping: Mapping[tuple[int, int], runai.MappedDevice],
-) -> tuple[MigDevice, ...]:
+) -> tuple[tuple[MigDevice, ...], list[tuple[int, int]]]:
+    """One GPU's instances, and the (position, GI id) of each mapped GI id that was not taken.
+
+    fake-gpu-operator's mig-faker writes the GI *profile* id (19 for every 1g.5gb) as
+    `gpu_instance_id`. So a mapped id is taken only where the driver could give it to that
+    profile at that placement, in either orientation; the others are derived from the placement
+    in the orientation the taken ones show (the model's where they show none). A GPU has one
+    orientation, so its ids are distinct; where the mapped ones mix both, none is taken.
+    """
     wanted = tuple(wanted)
-    mapped_positions = {pos for (gpu, pos) in mapping if gpu == gpu_index}
-    if mapped_positions != {pos for pos, _ in wanted}:
+    if {pos for (gpu, pos) in mapping if gpu == gpu_index} != {pos for pos, _ in wanted}:
         # The mapping describes another layout: run:ai rewrites it after a mig.config change,
         # and until then the new devices have no id.
         mapping = {}
-    devices = []
-    for position, profile_name in wanted:
-        mapped = mapping.get((gpu_index, position))
-        profile = model.profile(profile_name)
-        if mapped is not None and mapped.gpu_instance_id is not None:
-            gi = mapped.gpu_instance_id
-        elif profile is not None and position < model.memory_slots:
-            gi = model.gpu_instance_id(profile, position)
-        else:
-            gi = 0  # validation rejects the device right after; the id is never shown
-        devices.append(
-            MigDevice(
-                name=profile_name,
-                position=position,
-                gpu_instance_id=gi,
-                id=mapped.uuid if mapped else None,
-            )
+    profiles = {
+        pos: p
+        for pos, name in wanted
+        if (p := model.profile(name)) is not None and pos < model.memory_slots
+    }
+
+    def derived(position: int, swapped: bool) -> int:
+        profile = profiles.get(position)
+        # 0 where validation rejects the device right after: that id is never shown.
+        return 0 if profile is None else model.gpu_instance_id(profile, position, swapped)
+
+    mapped = {
+        pos: m.gpu_instance_id
+        for pos, _ in wanted
+        if (m := mapping.get((gpu_index, pos))) is not None and m.gpu_instance_id is not None
+    }
+    usable = {
+        pos: gi
+        for pos, gi in mapped.items()
+        if pos in profiles and gi in model.gpu_instance_ids(profiles[pos], pos)
+    }
+    orientations = (model.swapped_halves, not model.swapped_halves)
+    swapped = next(
+        (s for s in orientations if all(derived(p, s) == gi for p, gi in usable.items())),
+        model.swapped_halves,
+    )
+    ids = {pos: usable.get(pos, derived(pos, swapped)) for pos, _ in wanted}
+    if len(set(ids.values())) < len(ids):
+        ids = {pos: derived(pos, swapped) for pos, _ in wanted}
+    devices = tuple(
+        MigDevice(
+            name=name,
+            position=position,
+            gpu_instance_id=ids[position],
+            id=m.uuid if (m := mapping.get((gpu_index, position))) else None,
         )
-    return tuple(devices)
+        for position, name in wanted
+    )
+    return devices, [(pos, gi) for pos, gi in mapped.items() if ids[pos] != gi]
+
+
+def _refused_ids_warning(obj: str, refused: Mapping[int, list[tuple[int, int]]]) -> TopologyError:
+    """One line for all of a node's mapped GI ids that were not taken."""
+    count = sum(map(len, refused.values()))
+    gpu, [(position, gi), *_] = next(iter(refused.items()))
+    return TopologyError(
+        obj,
+        f"metadata.annotations[{runai.ANNOTATION_MIG_MAPPING}]",
+        f"{count} gpu_instance_id value(s) are not the GI id the driver gives that profile at "
+        f"that placement (GPU {gpu} position {position}: {gi}; fake-gpu-operator writes "
+        "profile ids): ids derived from the placements, device uuids kept",
+    )
 
 
 # --- pods ----------------------------------------------------------------------------------------
@@ -594,6 +640,11 @@ class _Node:
         self.reserved_replicas = {
             (g, d, r): uid for uid, held in self.kept_replicas.items() for g, d, r, _ in held
         }
+
+    def release(self, uid: str) -> None:
+        """The pod's reservations end: it was not placed."""
+        self.reserved = {k: v for k, v in self.reserved.items() if v != uid}
+        self.reserved_replicas = {k: v for k, v in self.reserved_replicas.items() if v != uid}
 
     def result(self) -> NodeTopology:
         n = self.node
@@ -860,10 +911,28 @@ class _Node:
                 )
             else:
                 device_id = want.device_uuid
-                if want.gpu_instance_id is not None:
-                    gi = want.gpu_instance_id
+                if want.gpu_instance_id is not None and want.gpu_instance_id != gi:
+                    if self._may_take_gi(want.gpu_instance_id, dev, devices):
+                        gi = want.gpu_instance_id
+                    else:
+                        warnings.append(TopologyError(
+                            obj, f"{field}.gpuinstanceid",
+                            f"{want.gpu_instance_id} is not the GI id the driver gives {dev.name} at "
+                            f"position {dev.position}, or is another instance's: {gi} kept",
+                        ))  # fmt: skip
         status = DeviceStatus(allocated_by, {uid: usage})
         devices[found[0]] = MigDevice(name, position, gi, device_id, status)
+
+    def _may_take_gi(self, gi: int, dev: MigDevice, devices: list[MigDevice]) -> bool:
+        """Whether a pod's annotation may give `dev` this GI id: one the driver could give its
+        profile there, and no other instance's on the GPU (two would be one series)."""
+        profile = self.model.profile(dev.name) if self.model else None
+        return (
+            self.model is not None
+            and profile is not None
+            and gi in self.model.gpu_instance_ids(profile, dev.position)
+            and all(d.gpu_instance_id != gi for d in devices if d is not dev)
+        )
 
     def _place_whole(
         self,
@@ -984,12 +1053,16 @@ def allocate(
     for pod in sorted(holding, key=lambda p: (_uid(p) not in holders, _pod_order(p))):
         try:
             state.place(pod, warnings)
+            continue
         except TopologyError as e:
             warnings.append(e)
         except Exception as e:  # the last guard: one odd object never stops the rest
             warnings.append(
                 TopologyError(pod_ref(pod), "?", f"cannot be read: {type(e).__name__}: {e}")
             )
+        # A pod that does not fit holds nothing, not even what it kept: what it kept is free for
+        # the pods placed after it now, as it would be on the next pass, where it holds nothing.
+        state.release(_uid(pod))
     return state.result()
 
 

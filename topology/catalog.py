@@ -115,18 +115,29 @@ class GpuModel:
         """Compute slices of the whole GPU: those of the profile spanning every memory slice."""
         return max(p.compute_slices for p in self.profiles)
 
-    def gpu_instance_id(self, profile: Profile, position: int) -> int:
-        """The GI id the driver gives an instance at `position` (the `GPU_I_ID` label).
+    def gpu_instance_id(self, profile: Profile, position: int, swapped: bool | None = None) -> int:
+        """The GI id the driver gives an instance at `position` (the `GPU_I_ID` label), on a GPU
+        of this model's orientation (or of the one `swapped` names).
 
         GI ids number the nodes of a binary tree over the physical memory slices:
         `GI = (slots/size - 1) + phys_start/size`.
         """
         size = profile.memory_slices
-        physical = position ^ (self.memory_slots // 2) if self.swapped_halves else position
+        if swapped is None:
+            swapped = self.swapped_halves
+        physical = position ^ (self.memory_slots // 2) if swapped else position
         # A block spanning both halves (7g) is the same block either way.
         if size > self.memory_slots // 2:
             physical = position
         return (self.memory_slots // size - 1) + physical // size
+
+    def gpu_instance_ids(self, profile: Profile, position: int) -> tuple[int, int]:
+        """The GI ids a real GPU of this model can give an instance at `position`: in this
+        model's orientation, then in the other (both seen on one node: mig-profiles.md §3)."""
+        return (
+            self.gpu_instance_id(profile, position, self.swapped_halves),
+            self.gpu_instance_id(profile, position, not self.swapped_halves),
+        )
 
 
 def _p(
