@@ -22,9 +22,11 @@ updater restarts or loses its Lease to a standby. Checked:
   untouched meanwhile keep their resourceVersion;
 - no updater dies, none logs a traceback, each stops with 0 on SIGTERM.
 
-`make test` runs a few short sequences; `make test-slow` runs many longer ones, with longer outages
-and leaders killed outright (the Lease runs out). A failing sequence says its seed and steps, and
-how to replay it: `FAULTS_SEED=<seed> pytest 'tests/test_faults.py::<test>[0]'`.
+`make test` runs a few short sequences from a fixed, recorded set of seeds (CI_SEEDS), so that CI
+never goes red by chance; `make test-slow` explores: many longer sequences from random seeds, with
+longer outages and leaders killed outright (the Lease runs out). A failing sequence says its seed
+and steps, and how to replay it: `FAULTS_SEED=<seed> pytest tests/test_faults.py` runs that one
+seed (in each test). A seed exploration found failing joins CI_SEEDS once it is fixed.
 """
 
 from __future__ import annotations
@@ -62,7 +64,18 @@ FINISHED = ("Succeeded", "Failed")
 MIG_LAYOUT = "nvidia.com/mig.config"
 GPU_COUNT = "nvidia.com/gpu.count"
 CI_SEQUENCES = 5
-BASE_SEED = int(os.environ.get("FAULTS_SEED") or random.SystemRandom().randrange(2**31))
+# `make test`'s sequences: one for each residue mod CI_SEQUENCES (the faults a sequence is sure to
+# get), and every seed that once failed, after its fix: 1041353104 (a new leader wrote a pod cache
+# that missed pods created during an outage), 1768839506 (a pod that could not be placed whole
+# kept reserving the devices it had kept after a relabel).
+CI_SEEDS = (1768839505, 1768839506, 1768839507, 1768839508, 1041353104)
+REPLAY = os.environ.get("FAULTS_SEED")
+EXPLORE = int(REPLAY or random.SystemRandom().randrange(2**31))  # make test-slow: a random start
+
+
+def seeds(fixed: Iterable[int]) -> list[int]:
+    """`fixed`, or the one seed FAULTS_SEED replays."""
+    return [int(REPLAY)] if REPLAY else list(fixed)
 
 
 @dataclass(frozen=True)
@@ -420,8 +433,8 @@ class Sequence:
         steps = "\n".join(f"  {i:3} {s}" for i, s in enumerate(self.steps, 1))
         raise Failed(
             f"seed {self.seed}: {message}\n"
-            f"replay: FAULTS_SEED={self.seed} .venv/bin/python -m pytest "
-            f"'tests/test_faults.py::{self.test}[0]'\nsteps:\n{steps}\n" + "\n".join(logs)
+            f"replay: FAULTS_SEED={self.seed} .venv/bin/python -m pytest -m '' "
+            f"'tests/test_faults.py::{self.test}'\nsteps:\n{steps}\n" + "\n".join(logs)
         )
 
     # --- cluster events ---------------------------------------------------------------------
@@ -749,16 +762,19 @@ def run_sequence(seed: int, profile: Profile, tmp_path: Path, test: str) -> None
             daemons.stop()
 
 
-@pytest.mark.parametrize("index", range(CI_SEQUENCES))
-def test_topology_stays_true_under_api_faults(index: int, tmp_path: Path) -> None:
-    run_sequence(BASE_SEED + index, CI, tmp_path, "test_topology_stays_true_under_api_faults")
+def test_the_fixed_seeds_cover_every_fault() -> None:
+    assert {seed % CI_SEQUENCES for seed in CI_SEEDS} == set(range(CI_SEQUENCES))
+
+
+@pytest.mark.parametrize("seed", seeds(CI_SEEDS))
+def test_topology_stays_true_under_api_faults(seed: int, tmp_path: Path) -> None:
+    run_sequence(seed, CI, tmp_path, "test_topology_stays_true_under_api_faults")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("index", range(50))
-def test_topology_stays_true_under_long_api_faults(index: int, tmp_path: Path) -> None:
-    name = "test_topology_stays_true_under_long_api_faults"
-    run_sequence(BASE_SEED + index, SLOW, tmp_path, name)
+@pytest.mark.parametrize("seed", seeds(EXPLORE + i for i in range(50)))
+def test_topology_stays_true_under_long_api_faults(seed: int, tmp_path: Path) -> None:
+    run_sequence(seed, SLOW, tmp_path, "test_topology_stays_true_under_long_api_faults")
 
 
 def written_snapshot(node: Obj, pods: list[Obj], entry: NodeTopology) -> Snapshot:
