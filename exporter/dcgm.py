@@ -24,6 +24,7 @@ with six decimals, as dcgm-exporter prints them.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -186,7 +187,7 @@ def families(node: NodeTopology, options: Options, now: float) -> list[Family]:
         fam = Family(counter)
         for kind, labels, reading in subjects:
             value = getattr(reading, f.reading)
-            if kind in f.where and value is not None:
+            if kind in f.where and value is not None and writable(value):
                 fam.samples.append((labels, value))
         if fam.samples:
             out.append(fam)
@@ -216,8 +217,29 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def value_text(value: float, decimal: bool) -> str:
-    """As dcgm-exporter prints a field: an integer bare, a double with six decimals."""
+def help_text(text: str) -> str:
+    """HELP as the text format writes it: a backslash and a line break escaped (`\\\\`, `\\n`),
+    nothing else. A counters file's help is the user's text: one raw backslash made Prometheus
+    reject the whole scrape ("invalid escape sequence"), a line break would end the line."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def writable(value: float) -> bool:
+    """Whether a sample value is a finite float, the only value worth writing: NaN or an
+    infinity says nothing about a GPU, and an integer past a float's range (a 400-digit
+    `gpu-memory`) is a line Prometheus rejects, and the whole scrape with it."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def value_text(value: float, decimal: bool) -> str | None:
+    """As dcgm-exporter prints a field: an integer bare, a double with six decimals. None for a
+    value that is not `writable`: its series is left out, as dcgm-exporter leaves out a value
+    DCGM has not got, rather than fail the scrape of every other series."""
+    if not writable(value):
+        return None
     return f"{value:.6f}" if decimal else str(int(value))
 
 
@@ -239,9 +261,11 @@ def subject_fragments(
     for counter in counters.metrics:
         f = counter.field
         lines = [
-            f"{f.name}{{{text}}} {value_text(value, f.decimal)}\n"
+            f"{f.name}{{{text}}} {sample}\n"
             for kind, text, reading in texts
-            if kind in f.where and (value := getattr(reading, f.reading)) is not None
+            if kind in f.where
+            and (value := getattr(reading, f.reading)) is not None
+            and (sample := value_text(value, f.decimal)) is not None
         ]
         if lines:
             out[f.name] = "".join(lines).encode()
@@ -251,7 +275,7 @@ def subject_fragments(
 @lru_cache(maxsize=8)
 def _headers(counters: Counters) -> tuple[tuple[str, bytes], ...]:
     return tuple(
-        (c.name, f"# HELP {c.name} {c.help}\n# TYPE {c.name} {c.type}\n".encode())
+        (c.name, f"# HELP {c.name} {help_text(c.help)}\n# TYPE {c.name} {c.type}\n".encode())
         for c in counters.metrics
     )
 
