@@ -14,7 +14,9 @@ temperatures, power and energy, as DCGM's do. DCGM's own fields (profiling, XID,
 counters, violations) are left out, not faked: zeros would read as an idle, healthy GPU.
 
 A value NVML does not support on a GPU (NOT_SUPPORTED, NO_PERMISSION, a function the driver lacks)
-is a series left out. A GPU NVML calls lost, or that is no longer listed, has its series gone.
+is a series left out, and so is one NVML hands over as a double that is NaN or infinite (no
+reading, as DCGM's blank values, which dcgm-exporter leaves out): `dcgm.value_text` writes only
+finite floats. A GPU NVML calls lost, or that is no longer listed, has its series gone.
 Any other failure fails the whole collection: the exporter keeps the last one and says why.
 """
 

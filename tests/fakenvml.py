@@ -82,6 +82,9 @@ class FakeGpu:
     mig_pending: bool | None = None  # MIG mode after the next reset; None: as now
     brand: int = 14  # NVML_BRAND_NVIDIA
     memory_temp_type: int = 1  # NVML_VALUE_TYPE_UNSIGNED_INT: how NVML hands the value over
+    # Field id -> (NVML value type, value) that nvmlDeviceGetFieldValues answers, over the above:
+    # any field, any type, any value (a NaN double) a driver might hand over; None: NOT_SUPPORTED.
+    field_values: dict[int, tuple[int, int | float] | None] = field(default_factory=dict)
 
 
 def catalog_gpu(
@@ -156,6 +159,7 @@ class FakeNvml:
         self.lost: set[int] = set()  # GPU indexes NVML calls lost
         self.memory_v2 = True  # False: a driver before R510, without nvmlDeviceGetMemoryInfo_v2
         self.initialised = False
+        self.fields_asked: set[int] = set()  # the field ids nvmlDeviceGetFieldValues was asked
 
     def install(self, set_attribute: Callable[[Any, str, Any], None] = setattr) -> None:
         """Replace pynvml's functions with this fake's (`monkeypatch.setattr` in a test)."""
@@ -252,12 +256,19 @@ class FakeNvml:
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
         for value, field_id in zip(values, field_ids, strict=True):
             value.fieldId = field_id
-            if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP and gpu.memory_temp_c is not None:
+            self.fields_asked.add(field_id)
+            given: tuple[int, int | float] | None = None
+            if field_id in gpu.field_values:
+                given = gpu.field_values[field_id]
+            elif field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP and gpu.memory_temp_c is not None:
+                given = (gpu.memory_temp_type, gpu.memory_temp_c)
+            if given is not None:
+                kind, number = given
                 value.nvmlReturn = pynvml.NVML_SUCCESS
-                value.valueType = gpu.memory_temp_type
+                value.valueType = kind
                 member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal",
-                          5: "siVal", 6: "usVal"}[gpu.memory_temp_type]  # fmt: skip
-                setattr(value.value, member, gpu.memory_temp_c)
+                          5: "siVal", 6: "usVal"}[kind]  # fmt: skip
+                setattr(value.value, member, number)
             else:
                 value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
         return values

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import ctypes.util
 import logging
+import math
 import re
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from conftest import ROOT, run_cli
+from conftest import ROOT, examples, run_cli
 from fakenvml import (
     FUNCTIONS,
     MIB,
@@ -34,6 +36,8 @@ from fakenvml import (
     whole_a100s,
     without_mig,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubeapi import eventually
 from promtext import by_name, parse
 from test_cli import free_port, get
@@ -660,6 +664,56 @@ def test_a_field_value_is_read_whatever_its_type(fake: FakeNvml, kind: int) -> N
     fake.gpus[0].memory_temp_type = kind
     values = {s.value for s in by_name(read(fake), "DCGM_FI_DEV_MEMORY_TEMP")}
     assert values == {fake.gpus[0].memory_temp_c}
+
+
+# Infinities, and NaNs of either sign with any payload (a driver's NaN need not be Python's).
+NON_FINITE = st.sampled_from([math.inf, -math.inf]) | st.builds(
+    lambda sign, payload: struct.unpack("<d", struct.pack("<Q", sign | 0x7FF << 52 | payload))[0],
+    st.sampled_from([0, 1 << 63]),
+    st.integers(1, (1 << 52) - 1),
+)
+
+
+@settings(derandomize=True, max_examples=examples(40), deadline=None)
+@given(st.data())
+def test_a_field_handed_over_as_nan_or_infinite_reads_as_one_the_gpu_does_not_have(
+    data: st.DataObject,
+) -> None:
+    """Any field NVML hands over as a double (nvmlDeviceGetFieldValues), on any GPU: NaN or an
+    infinity is no reading, left out as dcgm-exporter leaves out a blank value. The collection
+    stays good and every other series is served as before."""
+    fake = FakeNvml([h100_mixed(0), without_mig(1)])
+    with pytest.MonkeyPatch.context() as patch:
+        fake.install(patch.setattr)
+        fake.nvmlInit()
+        nvml.collect(pynvml)  # which fields the exporter asks NVML for
+        gpu = fake.gpus[data.draw(st.sampled_from(range(len(fake.gpus))), "gpu")]
+        field_id = data.draw(st.sampled_from(sorted(fake.fields_asked)), "field")
+        gpu.field_values[field_id] = None  # NOT_SUPPORTED
+        without = nvml.render(nvml.collect(pynvml), dcgm.Options("h"))
+        gpu.field_values[field_id] = (pynvml.NVML_VALUE_TYPE_DOUBLE, data.draw(NON_FINITE, "value"))
+        exporter = NvmlExporter(pynvml, dcgm.Options("h"), Published())
+        exporter.collect()
+        snap = exporter.snapshot()
+    assert (snap.healthy, snap.reason) == (True, "ok")
+    assert snap.body == without
+    assert all(math.isfinite(s.value) for s in parse(snap.body.decode()))
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_once_with_a_nan_memory_temperature_prints_the_rest(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: float
+) -> None:
+    fake = FakeNvml([h100_mixed(0), without_mig(1)])
+    fake.gpus[0].memory_temp_type = pynvml.NVML_VALUE_TYPE_DOUBLE
+    fake.gpus[0].memory_temp_c = value  # type: ignore[assignment]
+    fake.install(monkeypatch.setattr)
+    assert cli.main(["--source", "nvml", "--once", "--hostname", "h"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    temps = {s.label("gpu") for s in by_name(parse(out), "DCGM_FI_DEV_MEMORY_TEMP")}
+    assert temps == set()  # GPU 0's is no reading, and the L4 has no memory sensor
+    assert {s.label("gpu") for s in by_name(parse(out), "DCGM_FI_DEV_GPU_TEMP")} == {"0", "1"}
 
 
 def test_a_mig_gpu_without_instances_reads_as_the_real_empty_dump(
