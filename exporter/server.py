@@ -2,7 +2,8 @@
 
 A scrape only reads an immutable snapshot; rendering happens when the topology changes.
 
-The server answers those two paths to GET and HEAD and nothing else, and bounds what a client can
+The server answers those two paths to GET and HEAD and nothing else, in origin-form
+(`GET /metrics`) or absolute-form (`GET http://host:9400/metrics`), and bounds what a client can
 make it hold: connections at once, the size of a request's head and the time to send it. Bodies
 are never read. With a web config (exporter/webconfig.py) it speaks TLS, checks client
 certificates or basic auth, and adds the configured headers.
@@ -126,6 +127,30 @@ def read_head(sock: socket.socket, limit: int, deadline: float) -> bytes:
             raise HeadTooLarge()
 
 
+# absolute-form (RFC 9112 §3.2.2): what clients send to a proxy, and what a server MUST accept.
+# The host is not checked, only that there is one (RFC 9110 §4.2.1) and no userinfo (§4.2.4):
+# behind a Service, a port-forward or a proxy this server does not know the names it is reached
+# by, and neither exporter-toolkit nor Prometheus' own server checks them.
+_ABSOLUTE_FORM = re.compile(r"(?i:https?)://(?P<authority>[^/?#]*)(?P<rest>[/?#].*)?", re.DOTALL)
+_AUTHORITY = re.compile(r"(\[[^\[\]/?#@]+\]|[-A-Za-z0-9._~%!$&'()*+,;=]+)(:[0-9]*)?")
+
+
+def target_path(target: str) -> str | None:
+    """The path a GET or HEAD request target names, without its query: origin-form as it is,
+    absolute-form reduced to the origin-form it stands for. None for any other form (asterisk-form
+    `*`, authority-form `host:port`, a bare word, another scheme): no resource of ours."""
+    if not target.startswith("/"):
+        m = _ABSOLUTE_FORM.fullmatch(target)
+        if m is None or _AUTHORITY.fullmatch(m["authority"]) is None:
+            return None
+        target = m["rest"] or "/"
+        if not target.startswith("/"):  # `http://host?x`: the path is empty, which means /
+            target = "/" + target
+        if target.startswith("//"):  # as http.server does to origin-form (gh-87389)
+            target = "/" + target.lstrip("/")
+    return target.split("?", 1)[0]
+
+
 class _SocketWriter(io.BufferedIOBase):
     """`wfile`: every write sent whole, on a plain or a TLS socket."""
 
@@ -221,8 +246,11 @@ def _handler(
 
         def _serve(self, body: bool) -> None:
             snap = published.snapshot
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics" and not snap.ready:
+            path = target_path(self.path)
+            if path is None:  # RFC 9112 §3: an invalid request-line is answered 400
+                bad = b"bad request target: try /metrics or /health\n"
+                self._send(400, bad, "text/plain; charset=utf-8", body)
+            elif path == "/metrics" and not snap.ready:
                 self._send(503, f"{snap.reason}\n".encode(), "text/plain; charset=utf-8", body)
             elif path == "/metrics":
                 self._send_parts((*snap.parts, snap.own) if body else (), snap.size)

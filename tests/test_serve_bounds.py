@@ -1,0 +1,210 @@
+"""The HTTP server's edges (issue #21): request targets in absolute-form, a deadline on each whole
+response and a bound on the replaced snapshots slow responses keep alive, and the request head's
+size limit at its exact byte. Real servers on port 0, real sockets; the head's reader also through
+a fake socket whose reads end where the test says, as TCP segments may."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import trustme
+from conftest import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exporter.server import (
+    CONTENT_TYPE,
+    Limits,
+    MetricsServer,
+    Published,
+    Snapshot,
+)
+from exporter.webconfig import WebConfig, load
+
+SNAPSHOT = Snapshot((b"metric_a 1\n", b"metric_b 2\n"), True, "ok", b"own_total 3\n")
+BODY = b"metric_a 1\nmetric_b 2\nown_total 3\n"
+TEXT = "text/plain; charset=utf-8"
+
+
+@contextmanager
+def serving(
+    limits: Limits | None = None, snapshot: Snapshot = SNAPSHOT, web: WebConfig | None = None
+) -> Iterator[tuple[MetricsServer, Published]]:
+    published = Published()
+    published.publish(snapshot)
+    server = MetricsServer(published, "127.0.0.1", 0, web, limits)
+    server.start()
+    try:
+        yield server, published
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[WebConfig, ssl.SSLContext]:
+    """A web config that turns TLS on, and a client context that trusts its certificate."""
+    directory = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(directory / "server.pem"))
+    cert.private_key_pem.write_to_path(str(directory / "server.key"))
+    ca.cert_pem.write_to_path(str(directory / "ca.pem"))
+    config = directory / "web.yml"
+    config.write_text("tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n")
+    return load(config), ssl.create_default_context(cafile=str(directory / "ca.pem"))
+
+
+def connect(
+    port: int, context: ssl.SSLContext | None = None, rcvbuf: int | None = None
+) -> socket.socket:
+    sock = socket.socket()
+    if rcvbuf is not None:  # before connecting: the window the server sees is small from the start
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", port))
+    if context is not None:
+        return context.wrap_socket(sock, server_hostname="127.0.0.1")
+    return sock
+
+
+def exchange(port: int, pieces: list[bytes], context: ssl.SSLContext | None = None) -> bytes:
+    """Send `pieces` one send (over TLS, one record) each, and read the whole answer."""
+    with connect(port, context) as sock:
+        for i, piece in enumerate(pieces):
+            if i:
+                time.sleep(0.02)  # shapes the sends into separate segments; asserts nothing
+            sock.sendall(piece)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+        return out
+
+
+def split(response: bytes) -> tuple[bytes, list[bytes], bytes]:
+    """Status line, header lines but Date (two answers a second apart differ there), body."""
+    head, _, body = response.partition(b"\r\n\r\n")
+    status, *headers = head.split(b"\r\n")
+    return status, [h for h in headers if not h.lower().startswith(b"date:")], body
+
+
+def header(response: bytes, name: bytes) -> bytes | None:
+    for line in split(response)[1]:
+        key, _, value = line.partition(b":")
+        if key.lower() == name.lower():
+            return value.strip()
+    return None
+
+
+# Request form: absolute-form is served as the origin-form it stands for (RFC 9112 §3.2.2)
+
+
+@pytest.mark.parametrize(
+    ("line", "status", "body"),
+    [
+        (b"GET http://h:9400/metrics HTTP/1.1", 200, BODY),
+        (b"GET HTTPS://Prometheus.Example.ORG/metrics?x=1&y HTTP/1.1", 200, BODY),
+        (b"GET http://10.0.0.7:9400/health HTTP/1.1", 200, b"ok\n"),
+        (b"GET http://[fd00::7]:9400//metrics HTTP/1.1", 200, BODY),
+        (b"GET http://h:/metrics? HTTP/1.0", 200, BODY),
+        (b"HEAD http://h/metrics HTTP/1.1", 200, b""),
+        (b"GET http://h HTTP/1.1", 404, b"not found: try /metrics or /health\n"),
+        (b"GET http://h/Metrics HTTP/1.1", 404, b"not found: try /metrics or /health\n"),
+    ],
+)
+def test_absolute_form_is_served_by_its_path(line: bytes, status: int, body: bytes) -> None:
+    with serving() as (server, _):
+        answer = exchange(server.port, [line + b"\r\nHost: elsewhere\r\n\r\n"])
+    assert answer.startswith(b"HTTP/1.0 %d " % status)
+    assert split(answer)[2] == body
+    expected_type = CONTENT_TYPE if status == 200 and b"/metrics" in line else TEXT
+    assert header(answer, b"Content-Type") == expected_type.encode()
+
+
+@pytest.mark.parametrize(
+    ("line", "status"),
+    [
+        (b"GET * HTTP/1.1", 400),  # asterisk-form is for OPTIONS only
+        (b"HEAD * HTTP/1.1", 400),
+        (b"GET h:9400 HTTP/1.1", 400),  # authority-form is for CONNECT only
+        (b"GET metrics HTTP/1.1", 400),  # no form at all
+        (b"GET ftp://h/metrics HTTP/1.1", 400),  # not a resource of an HTTP server
+        (b"GET http://user:pw@h/metrics HTTP/1.1", 400),  # userinfo: RFC 9110 §4.2.4
+        (b"GET http:///metrics HTTP/1.1", 400),  # no host: RFC 9110 §4.2.1
+        (b"GET http:/metrics HTTP/1.1", 400),
+        (b"OPTIONS * HTTP/1.1", 405),  # a method not served, whatever the form
+        (b"CONNECT h:9400 HTTP/1.1", 405),
+        (b"POST http://h/metrics HTTP/1.1", 405),
+    ],
+)
+def test_other_request_forms_are_refused(line: bytes, status: int) -> None:
+    with serving() as (server, _):
+        answer = exchange(server.port, [line + b"\r\n\r\n"])
+    assert answer.startswith(b"HTTP/1.0 %d " % status), answer
+    if status == 400:
+        assert header(answer, b"Content-Type") == TEXT.encode()
+        body = b"" if line.startswith(b"HEAD") else b"bad request target: try /metrics or /health\n"
+        assert split(answer)[2] == body
+    else:
+        assert header(answer, b"Allow") == b"GET, HEAD"
+
+
+@pytest.fixture(scope="module")
+def plain_server() -> Iterator[MetricsServer]:
+    with serving() as (server, _):
+        yield server
+
+
+def any_case(word: str) -> st.SearchStrategy[str]:
+    return st.tuples(*(st.sampled_from([c.lower(), c.upper()]) for c in word)).map("".join)
+
+
+_PCHARS = "A-Za-z0-9._~!$&'()*+,;=:@%-"
+hosts = st.one_of(
+    st.from_regex(r"[A-Za-z0-9]([-A-Za-z0-9.]{0,20}[A-Za-z0-9])?", fullmatch=True),
+    st.ip_addresses(v=4).map(str),
+    st.ip_addresses(v=6).map(lambda a: f"[{a}]"),
+    st.just("localhost"),
+)
+_NAMED = ["", "/", "/metrics", "/health", "/metrics/", "//metrics", "///health", "/METRICS", "/x",
+          "/metrics/../health", "/health%2F"]  # fmt: skip
+paths = st.sampled_from(_NAMED) | st.from_regex(rf"(/[{_PCHARS}]{{0,8}}){{1,3}}", fullmatch=True)
+queries = st.none() | st.from_regex(rf"[{_PCHARS}/?]{{0,12}}", fullmatch=True)
+
+
+@settings(max_examples=examples(150), deadline=None, derandomize=True)
+@given(
+    st.sampled_from(["GET", "HEAD"]),
+    st.sampled_from(["http", "https"]).flatmap(any_case),
+    hosts,
+    st.none() | st.just("") | st.integers(0, 65535).map(str),
+    paths,
+    queries,
+)
+def test_absolute_form_answers_as_its_origin_form(
+    plain_server: MetricsServer,
+    method: str,
+    scheme: str,
+    host: str,
+    port: str | None,
+    path: str,
+    query: str | None,
+) -> None:
+    authority = host if port is None else f"{host}:{port}"
+    suffix = path + ("" if query is None else f"?{query}")
+    absolute = f"{scheme}://{authority}{suffix}"
+    # RFC 9112 §3.2.1: an empty path is sent as "/" in origin-form.
+    origin = suffix if path else f"/{suffix}"
+
+    def answer(target: str) -> tuple[bytes, list[bytes], bytes]:
+        line = f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode()
+        return split(exchange(plain_server.port, [line]))
+
+    by_origin = answer(origin)
+    assert by_origin[0].split(b" ")[1] in (b"200", b"404")
+    assert answer(absolute) == by_origin
