@@ -4,8 +4,9 @@ A scrape only reads an immutable snapshot; rendering happens when the topology c
 
 The server answers those two paths to GET and HEAD and nothing else, in origin-form
 (`GET /metrics`) or absolute-form (`GET http://host:9400/metrics`), and bounds what a client can
-make it hold: connections at once, the size of a request's head and the time to send it. Bodies
-are never read. With a web config (exporter/webconfig.py) it speaks TLS, checks client
+make it hold: connections at once, the size of a request's head and the time to send it, the time
+a whole response may take, and the memory that responses still sending old snapshots keep alive.
+Bodies are never read. With a web config (exporter/webconfig.py) it speaks TLS, checks client
 certificates or basic auth, and adds the configured headers.
 """
 
@@ -17,15 +18,17 @@ import os
 import re
 import socket
 import ssl
+import struct
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from exporter.webconfig import BasicAuth, WebConfig, server_context
 from topology.errors import one_line
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
 log = logging.getLogger("exporter.http")
+_T = TypeVar("_T")
 
 # Bounds on what one client can make the server hold. Its clients are Prometheus and people with
 # curl: a request worth answering is a few hundred bytes that arrive at once.
@@ -43,6 +47,21 @@ MAX_HEAD_BYTES = 8192  # request line and headers together; more is 431 (http.se
 HEAD_TIMEOUT_S = 10.0  # TLS handshake, request line and headers in all: a client that sends a
 # byte a second (slowloris) is dropped, its slot free again, after this long
 SEND_TIMEOUT_S = 30.0  # a response stalls this long on a client that stopped reading: dropped
+# A whole response, from its first byte to its last, however steadily the client reads: past this
+# it is dropped. SEND_TIMEOUT_S restarts on every bit of progress: alone, it let a client reading
+# just fast enough keep a slot and its snapshot for hours (a 100 MiB --all-nodes body). Prometheus
+# gives up on a scrape at its scrape_timeout (10 s by default, never above the scrape interval,
+# rarely set past 60 s), so after twice the longest timeout in practice no scraper is waiting for
+# the rest. 100 MiB in 120 s needs 7 Mbit/s: a LAN, or a person's curl over a VPN, finishes.
+RESPONSE_DEADLINE_S = 120.0
+# Snapshots replaced while responses still send them stay in memory until those end. What they
+# hold beyond the current snapshot (the parts it no longer shares) may reach the larger of these
+# two; past it, the responses on the oldest snapshot are cut until it holds again. Two bodies are
+# room for the scrapes that span a publish or two (an HA pair of Prometheus, someone's curl);
+# the floor means a single node's body of KiBs never meets the bound. Without it 64 trickling
+# clients could keep 64 different 100 MiB snapshots alive.
+PINNED_BODIES = 2
+PINNED_BYTES = 64 << 20
 LINGER_S = 1.0  # after a refusal, unread request bytes are drained this long, so closing does not
 # reset the connection under the refusal before the client reads it
 TLS_CHUNK_BYTES = 256 << 10  # TLS cannot hand the kernel many buffers at once: parts are joined
@@ -78,13 +97,27 @@ class Snapshot:
 
 
 class Published:
-    """The one snapshot scrapes see; replaced whole, so readers never see half an update."""
+    """The one snapshot scrapes see; replaced whole, so readers never see half an update.
+
+    Servers watch it to bound what the snapshots it replaced still hold (see `_InFlight`).
+    """
 
     def __init__(self) -> None:
         self.snapshot = Snapshot(ready=False)
+        self._watchers: list[Callable[[], None]] = []
 
     def publish(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
+        for watcher in tuple(self._watchers):
+            watcher()
+
+    def watch(self, watcher: Callable[[], None]) -> None:
+        """Call `watcher` after each publish, in the publisher's thread."""
+        self._watchers.append(watcher)
+
+    def unwatch(self, watcher: Callable[[], None]) -> None:
+        with suppress(ValueError):  # a server stopped twice, or never started
+            self._watchers.remove(watcher)
 
 
 @dataclass(frozen=True)
@@ -95,6 +128,9 @@ class Limits:
     max_head_bytes: int = MAX_HEAD_BYTES
     head_timeout_s: float = HEAD_TIMEOUT_S
     send_timeout_s: float = SEND_TIMEOUT_S
+    response_deadline_s: float = RESPONSE_DEADLINE_S
+    pinned_bodies: float = PINNED_BODIES
+    pinned_bytes: int = PINNED_BYTES
 
 
 class HeadTooLarge(Exception):
@@ -151,22 +187,124 @@ def target_path(target: str) -> str | None:
     return target.split("?", 1)[0]
 
 
+class Dropped(Exception):
+    """A response given up part way: the connection is reset, and the reason logged at debug."""
+
+
+class _Budget:
+    """What one response may take: each send waits at most `stall_s` for the client to read, all
+    of them end by the deadline, and another thread may cut it (`cut`, then a shutdown of the
+    socket, which wakes a send blocked on it)."""
+
+    def __init__(self, stall_s: float, total_s: float) -> None:
+        self.stall_s = stall_s
+        self.total_s = total_s
+        self.deadline = time.monotonic() + total_s
+        self.cut: str | None = None
+
+    def send(self, sock: socket.socket, call: Callable[[], _T]) -> _T:
+        """`call()`, a send on `sock`, within what is left of the budget."""
+        if self.cut is not None:
+            raise Dropped(self.cut)
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise Dropped(f"response not sent within {self.total_s:g} s")
+        sock.settimeout(min(self.stall_s, remaining))
+        try:
+            return call()
+        except OSError as e:
+            if self.cut is not None:
+                raise Dropped(self.cut) from None
+            if not isinstance(e, TimeoutError):
+                raise  # the client went away: handle_error's debug line
+            if time.monotonic() >= self.deadline:
+                raise Dropped(f"response not sent within {self.total_s:g} s") from None
+            # Not a bare TimeoutError: http.server would swallow it without a word.
+            raise Dropped(f"client read nothing for {self.stall_s:g} s") from None
+
+
 class _SocketWriter(io.BufferedIOBase):
-    """`wfile`: every write sent whole, on a plain or a TLS socket."""
+    """`wfile`: every write sent whole, on a plain or a TLS socket, within the response's
+    budget once it has one."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
+        self.budget: _Budget | None = None
 
     def writable(self) -> bool:
         return True
 
     def write(self, b: ReadableBuffer, /) -> int:
-        self._sock.sendall(b)
+        send_all(self._sock, (bytes(b),), self.budget)  # bytes(), as http.server writes: no copy
         return memoryview(b).nbytes
 
 
+class _InFlight:
+    """The `/metrics` responses being sent, each with the snapshot it holds, so that what the
+    replaced snapshots keep alive stays bounded (PINNED_BYTES, PINNED_BODIES)."""
+
+    def __init__(self, published: Published, limits: Limits) -> None:
+        self.published = published
+        self.limits = limits
+        self._lock = threading.Lock()
+        # In the order they began, so their snapshots are in the order they were published.
+        self._sending: list[tuple[Snapshot, socket.socket, _Budget]] = []
+
+    @contextmanager
+    def sending(self, sock: socket.socket, budget: _Budget) -> Iterator[Snapshot]:
+        """The snapshot to send, held on the list until the response ends."""
+        with self._lock:  # read and listed at once: a publish in between would not see it
+            entry = (self.published.snapshot, sock, budget)
+            self._sending.append(entry)
+        try:
+            yield entry[0]
+        finally:
+            with self._lock:  # before the socket is closed: `bound` never shuts another's down
+                self._sending.remove(entry)
+
+    def bound(self) -> None:
+        """After a publish: cut the responses on the oldest snapshots until what the replaced
+        ones hold is within the bound."""
+        with self._lock:
+            current = self.published.snapshot
+            limit = max(self.limits.pinned_bytes, self.limits.pinned_bodies * current.size)
+            while (
+                held := _held(current, [s for s, _, b in self._sending if b.cut is None])
+            ) > limit:
+                oldest = next(s for s, _, b in self._sending if b.cut is None and s is not current)
+                reason = (
+                    f"cut off: responses held {held} bytes of replaced snapshots, over the "
+                    f"bound of {limit:.0f}, and this one's was the oldest"
+                )
+                for snapshot, sock, budget in self._sending:
+                    if snapshot is oldest:
+                        budget.cut = reason
+                        # The fd's shutdown, not TLS's: it wakes the send blocked on it, in its
+                        # own thread. An error: the client has gone already.
+                        with suppress(OSError):
+                            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def _held(current: Snapshot, snapshots: Sequence[Snapshot]) -> int:
+    """The bytes `snapshots` keep alive that `current` does not: parts they share are one part."""
+    if all(s is current for s in snapshots):
+        return 0
+    seen = {id(p) for p in (*current.parts, current.own)}
+    held = 0
+    for snapshot in snapshots:
+        for part in (*snapshot.parts, snapshot.own):
+            if id(part) not in seen:
+                seen.add(id(part))
+                held += len(part)
+    return held
+
+
 def _handler(
-    published: Published, limits: Limits, headers: Sequence[tuple[str, str]], auth: BasicAuth | None
+    published: Published,
+    inflight: _InFlight,
+    limits: Limits,
+    headers: Sequence[tuple[str, str]],
+    auth: BasicAuth | None,
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "mig-exporter"
@@ -177,9 +315,21 @@ def _handler(
         def setup(self) -> None:
             self.connection = self.request
             self.rfile = io.BytesIO()
-            self.wfile = _SocketWriter(self.connection)
+            self.writer = self.wfile = _SocketWriter(self.connection)
 
         def handle(self) -> None:
+            try:
+                self._handle()
+            except Dropped as e:
+                log.debug("connection from %s dropped: %s", self.client_address[0], e)
+                # Reset when closed: the kernel drops what it still holds for this client (MiBs
+                # of a body) instead of trickling it out, and the client sees an error, not a
+                # clean end.
+                with suppress(OSError):
+                    linger = struct.pack("ii", 1, 0)
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+
+        def _handle(self) -> None:
             conn = self.connection
             deadline = time.monotonic() + limits.head_timeout_s
             try:
@@ -195,13 +345,14 @@ def _handler(
             except OSError as e:  # timed out, reset, TLS refused: nothing to answer
                 log.debug("connection from %s dropped: %s", self.client_address[0], one_line(e))
                 return
-            conn.settimeout(limits.send_timeout_s)
+            # The response's time starts now, whatever the head took.
+            self.writer.budget = _Budget(limits.send_timeout_s, limits.response_deadline_s)
             self.rfile = io.BytesIO(head)
             super().handle()
 
         def _refuse_head(self) -> None:
             self.command, self.requestline, self.request_version = "", "", "HTTP/1.0"
-            self.connection.settimeout(limits.send_timeout_s)
+            self.writer.budget = _Budget(limits.send_timeout_s, limits.response_deadline_s)
             self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
             _linger(self.connection)
 
@@ -245,15 +396,20 @@ def _handler(
         )
 
         def _serve(self, body: bool) -> None:
-            snap = published.snapshot
             path = target_path(self.path)
+            if path == "/metrics":
+                assert self.writer.budget is not None  # set before any request is parsed
+                with inflight.sending(self.connection, self.writer.budget) as snap:
+                    if not snap.ready:
+                        reason = f"{snap.reason}\n".encode()
+                        self._send(503, reason, "text/plain; charset=utf-8", body)
+                    else:
+                        self._send_parts((*snap.parts, snap.own) if body else (), snap.size)
+                return
+            snap = published.snapshot
             if path is None:  # RFC 9112 §3: an invalid request-line is answered 400
                 bad = b"bad request target: try /metrics or /health\n"
                 self._send(400, bad, "text/plain; charset=utf-8", body)
-            elif path == "/metrics" and not snap.ready:
-                self._send(503, f"{snap.reason}\n".encode(), "text/plain; charset=utf-8", body)
-            elif path == "/metrics":
-                self._send_parts((*snap.parts, snap.own) if body else (), snap.size)
             elif path == "/health":
                 status = 200 if snap.healthy else 503
                 text = "ok" if snap.healthy else snap.reason
@@ -276,7 +432,7 @@ def _handler(
             self.send_header("Content-Type", CONTENT_TYPE)
             self.send_header("Content-Length", str(size))
             self.end_headers()
-            send_all(self.connection, parts)
+            send_all(self.connection, parts, self.writer.budget)
 
         def log_message(self, format: str, *args: object) -> None:
             pass  # a scrape every few seconds is not news
@@ -301,15 +457,17 @@ def _linger(sock: socket.socket) -> None:
         pass
 
 
-def send_all(sock: socket.socket, parts: Sequence[bytes]) -> None:
-    """Send every part in order with as few system calls as the kernel allows, copying none."""
+def send_all(sock: socket.socket, parts: Sequence[bytes], budget: _Budget | None = None) -> None:
+    """Send every part in order with as few system calls as the kernel allows, copying none;
+    each call within `budget` if there is one (else as the socket's timeout says)."""
     if isinstance(sock, ssl.SSLSocket):
-        _send_tls(sock, parts)
+        _send_tls(sock, parts, budget)
         return
     views = [memoryview(p) for p in parts if p]
     i = 0
     while i < len(views):
-        sent = sock.sendmsg(views[i : i + IOV_MAX])
+        send = partial(sock.sendmsg, views[i : i + IOV_MAX])
+        sent = send() if budget is None else budget.send(sock, send)
         while sent:  # a partial send: skip what went, resume inside the part it stopped in
             if sent >= len(views[i]):
                 sent -= len(views[i])
@@ -319,22 +477,33 @@ def send_all(sock: socket.socket, parts: Sequence[bytes]) -> None:
                 sent = 0
 
 
-def _send_tls(sock: ssl.SSLSocket, parts: Sequence[bytes]) -> None:
-    """No sendmsg over TLS: small parts (a node's fragments) joined into records, big ones as
-    they are."""
+def _send_tls(sock: ssl.SSLSocket, parts: Sequence[bytes], budget: _Budget | None) -> None:
+    """No sendmsg over TLS: small parts (a node's fragments) joined into records, big ones sent
+    from where they are, TLS_CHUNK_BYTES at a time. Python gives one TLS write one timeout for
+    all of it, so a 100 MiB part sent whole had to go within SEND_TIMEOUT_S however steadily the
+    client read, and could not be stopped at the response's deadline."""
+
+    def send(data: bytes | memoryview) -> None:
+        if budget is None:
+            sock.sendall(data)
+        else:
+            budget.send(sock, lambda: sock.sendall(data))
+
     batch: list[bytes] = []
     size = 0
     for part in parts:
         if size + len(part) > TLS_CHUNK_BYTES and batch:
-            sock.sendall(b"".join(batch))
+            send(b"".join(batch))
             batch, size = [], 0
         if len(part) >= TLS_CHUNK_BYTES:
-            sock.sendall(part)
+            view = memoryview(part)
+            for start in range(0, len(view), TLS_CHUNK_BYTES):
+                send(view[start : start + TLS_CHUNK_BYTES])
         elif part:
             batch.append(part)
             size += len(part)
     if batch:
-        sock.sendall(b"".join(batch))
+        send(b"".join(batch))
 
 
 class _Server(ThreadingHTTPServer):
@@ -415,9 +584,10 @@ class MetricsServer:
         auth = BasicAuth(web.users) if web is not None and web.users else None
         headers = web.headers if web is not None else ()
         self.tls = context is not None
-        self.httpd = _Server(
-            (address, port), _handler(published, limits, headers, auth), limits, context
-        )
+        self.published = published
+        self.inflight = _InFlight(published, limits)
+        handler = _handler(published, self.inflight, limits, headers, auth)
+        self.httpd = _Server((address, port), handler, limits, context)
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
 
     @property
@@ -425,8 +595,10 @@ class MetricsServer:
         return int(self.httpd.server_address[1])
 
     def start(self) -> None:
+        self.published.watch(self.inflight.bound)
         self.thread.start()
 
     def stop(self) -> None:
+        self.published.unwatch(self.inflight.bound)
         self.httpd.shutdown()
         self.httpd.server_close()

@@ -5,6 +5,7 @@ a fake socket whose reads end where the test says, as TCP segments may."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import ssl
 import time
@@ -16,6 +17,7 @@ import trustme
 from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kubeapi import eventually
 
 from exporter.server import (
     CONTENT_TYPE,
@@ -208,3 +210,152 @@ def test_absolute_form_answers_as_its_origin_form(
     by_origin = answer(origin)
     assert by_origin[0].split(b" ")[1] in (b"200", b"404")
     assert answer(absolute) == by_origin
+
+
+# Slow clients: a deadline on each whole response, a bound on the old snapshots they hold
+
+
+def trickle(
+    port: int, context: ssl.SSLContext | None = None, give_up: float = 20.0
+) -> tuple[int, float, bool]:
+    """GET /metrics and read it 1 KiB every 10 ms, steadily (a stall timeout never fires), until
+    the server ends the connection or `give_up` seconds pass. Returns the bytes read, the seconds
+    since the request was sent, and whether the server ended it."""
+    with connect(port, context, rcvbuf=16384) as sock:
+        start = time.monotonic()
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        got = 0
+        while time.monotonic() - start < give_up:
+            try:
+                chunk = sock.recv(1024)
+            except (ConnectionResetError, ssl.SSLError):
+                chunk = b""
+            if not chunk:
+                return got, time.monotonic() - start, True
+            got += len(chunk)
+            time.sleep(0.01)  # the pace of the trickle, not a wait for something
+        return got, time.monotonic() - start, False
+
+
+BIG = Snapshot((b"x" * (8 << 20),), True, "ok")  # far more than the socket buffers hold
+
+
+@pytest.mark.parametrize("over_tls", [False, True], ids=["plain", "tls"])
+def test_a_steady_trickle_is_cut_at_the_response_deadline(
+    over_tls: bool, tls: tuple[WebConfig, ssl.SSLContext], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="exporter")
+    web, context = tls if over_tls else (None, None)
+    # One slot, so the scrape after the cut shows it came back; stalls allowed far longer than
+    # the deadline, so what cuts the trickle is the deadline.
+    limits = Limits(max_connections=1, send_timeout_s=60, response_deadline_s=1.5)
+    with serving(limits, BIG, web) as (server, _):
+        got, seconds, ended = trickle(server.port, context)
+        assert ended and got < BIG.size, (got, seconds)
+        assert seconds >= 1.5, seconds  # not before its deadline
+        said = eventually(lambda: [r for r in caplog.records if "dropped" in r.getMessage()])
+        assert [(r.levelname, r.getMessage()) for r in said] == [
+            ("DEBUG", "connection from 127.0.0.1 dropped: response not sent within 1.5 s")
+        ]
+
+        def scrape() -> bytes:
+            return exchange(server.port, [b"GET /health HTTP/1.1\r\n\r\n"], context)
+
+        # The only slot is free again (it frees just after the close the client saw).
+        assert eventually(scrape).startswith(b"HTTP/1.0 200 ")
+
+
+def test_a_client_that_reads_at_once_gets_the_whole_body_under_the_deadline() -> None:
+    limits = Limits(send_timeout_s=60, response_deadline_s=1.5)
+    with serving(limits, BIG) as (server, _):
+        for _ in range(3):
+            answer = exchange(server.port, [b"GET /metrics HTTP/1.1\r\n\r\n"])
+            assert answer.startswith(b"HTTP/1.0 200 ")
+            assert split(answer)[2] == BIG.parts[0]
+
+
+def begin(port: int) -> tuple[socket.socket, bytes]:
+    """A GET /metrics whose answer has begun (so the server holds its snapshot) and that then
+    reads nothing until told."""
+    sock = connect(port, rcvbuf=16384)
+    sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+    return sock, sock.recv(1024)
+
+
+def finish(sock: socket.socket, start: bytes) -> tuple[bytes, bool]:
+    """Read the rest of the answer: the body, and whether it ended in a reset."""
+    out = bytearray(start)
+    reset = False
+    with sock:
+        while True:
+            try:
+                chunk = sock.recv(1 << 20)
+            except ConnectionResetError:
+                reset = True
+                break
+            if not chunk:
+                break
+            out += chunk
+    return bytes(out).partition(b"\r\n\r\n")[2], reset
+
+
+def test_the_replaced_snapshots_slow_responses_hold_are_bounded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="exporter")
+    sizes = [6 << 20, 6 << 20, 10 << 20, 10 << 20, 10 << 20]  # each more than the buffers hold
+    snapshots = [Snapshot((b"abcde"[i : i + 1] * n,), True, "ok") for i, n in enumerate(sizes)]
+    # The bound: max(24 MiB, 2 x the current 10 MiB) = 24 MiB of replaced snapshots.
+    limits = Limits(send_timeout_s=60, pinned_bytes=24 << 20, pinned_bodies=2)
+    with serving(limits, snapshots[0]) as (server, published):
+        readers = []
+        for i in range(4):  # a response that has begun, and stopped reading, on each of a-d
+            if i:
+                published.publish(snapshots[i])  # held: a 6, a+b 12, a+b+c 22 MiB: within
+            readers.append(begin(server.port))
+        # a, b, c and d held, 32 MiB: the oldest are cut, a (26 left) then b (20), until within.
+        published.publish(snapshots[4])
+        bodies = [finish(*reader) for reader in readers]
+    for (body, _), snapshot in zip(bodies[:2], snapshots, strict=False):
+        assert len(body) < snapshot.size and body == snapshot.parts[0][: len(body)]
+    for (body, reset), snapshot in zip(bodies[2:], snapshots[2:4], strict=True):
+        assert (body == snapshot.parts[0], reset) == (True, False)
+    said = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert sorted(said) == [  # from each response's thread, in either order
+        f"connection from 127.0.0.1 dropped: cut off: responses held {held} bytes of replaced "
+        "snapshots, over the bound of 25165824, and this one's was the oldest"
+        for held in (27262976, 33554432)
+    ]
+
+
+def test_parts_the_current_snapshot_shares_are_not_counted_as_held() -> None:
+    """--all-nodes publishes a new tuple on each change, sharing every unchanged node's part:
+    responses on those snapshots hold only the parts that changed."""
+    shared = b"s" * (8 << 20)
+    snapshots = [Snapshot((shared, b"node %d\n" % i), True, "ok") for i in range(4)]
+    limits = Limits(send_timeout_s=60, pinned_bytes=1 << 20, pinned_bodies=0)
+    with serving(limits, snapshots[0]) as (server, published):
+        readers = []
+        for snapshot in snapshots[1:]:
+            readers.append(begin(server.port))
+            published.publish(snapshot)
+        bodies = [finish(*reader) for reader in readers]
+    assert bodies == [(shared + b"node %d\n" % i, False) for i in range(3)]
+
+
+def test_a_dropped_response_is_reset_not_trickled_out(caplog: pytest.LogCaptureFixture) -> None:
+    """Past the deadline, what the kernel still queues for that client is thrown away: the
+    client's read fails instead of draining MiBs of a body it will never get whole."""
+    caplog.set_level(logging.DEBUG, logger="exporter")
+    limits = Limits(send_timeout_s=60, response_deadline_s=0.5)
+    with serving(limits, BIG) as (server, _):
+        sock, start = begin(server.port)  # and reads nothing until the server has given up
+        eventually(lambda: [r for r in caplog.records if "dropped" in r.getMessage()])
+        body, reset = finish(sock, start)
+    assert reset and len(body) < BIG.size
+
+
+def test_the_documented_bounds() -> None:
+    limits = Limits()
+    assert (limits.response_deadline_s, limits.pinned_bodies, limits.pinned_bytes) == (
+        120.0, 2, 64 << 20)  # fmt: skip
