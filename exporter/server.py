@@ -42,8 +42,10 @@ _T = TypeVar("_T")
 # Bounds on what one client can make the server hold. Its clients are Prometheus and people with
 # curl: a request worth answering is a few hundred bytes that arrive at once.
 MAX_CONNECTIONS = 64  # served at once, a thread each; more are closed as they arrive
-MAX_HEAD_BYTES = 8192  # request line and headers together; more is 431 (http.server alone
-# takes 100 header lines of 64 KiB each)
+MAX_HEAD_BYTES = 8192  # request line, headers and the empty line that ends them, each with its
+# CRLF (or LF): a head of exactly this many bytes is served, one more is 431. What follows the
+# head in the same read (a body) does not count. (http.server alone takes 100 header lines of
+# 64 KiB each.)
 HEAD_TIMEOUT_S = 10.0  # TLS handshake, request line and headers in all: a client that sends a
 # byte a second (slowloris) is dropped, its slot free again, after this long
 SEND_TIMEOUT_S = 30.0  # a response stalls this long on a client that stopped reading: dropped

@@ -5,12 +5,15 @@ a fake socket whose reads end where the test says, as TCP segments may."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
 import ssl
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import cast
 
 import pytest
 import trustme
@@ -21,10 +24,13 @@ from kubeapi import eventually
 
 from exporter.server import (
     CONTENT_TYPE,
+    MAX_HEAD_BYTES,
+    HeadTooLarge,
     Limits,
     MetricsServer,
     Published,
     Snapshot,
+    read_head,
 )
 from exporter.webconfig import WebConfig, load
 
@@ -359,3 +365,85 @@ def test_the_documented_bounds() -> None:
     limits = Limits()
     assert (limits.response_deadline_s, limits.pinned_bodies, limits.pinned_bytes) == (
         120.0, 2, 64 << 20)  # fmt: skip
+
+
+# The head's limit, at its exact byte: request line, headers and the final empty line
+
+
+def head_of(size: int, eol: bytes = b"\r\n", headers: int = 1) -> bytes:
+    """A GET /metrics head of exactly `size` bytes, the last empty line included."""
+    lines = [b"GET /metrics HTTP/1.1", *(b"X-%d: " % i for i in range(headers))]
+    head = eol.join(lines) + eol + eol
+    pad = b"a" * (size - len(head))
+    if headers:
+        lines[-1] += pad
+    else:
+        lines[0] = b"GET /metrics?" + pad[1:] + b" HTTP/1.1"  # the "?" is one of them
+    head = eol.join(lines) + eol + eol
+    assert len(head) == size
+    return head
+
+
+@pytest.mark.parametrize("over_tls", [False, True], ids=["plain", "tls"])
+@pytest.mark.parametrize(
+    "cuts",
+    [(), (1,), (MAX_HEAD_BYTES // 2, MAX_HEAD_BYTES - 3, MAX_HEAD_BYTES - 1), (MAX_HEAD_BYTES,)],
+    ids=["whole", "line", "end", "limit"],
+)
+def test_a_head_of_exactly_the_limit_is_served_and_one_byte_more_is_431(
+    cuts: tuple[int, ...], over_tls: bool, tls: tuple[WebConfig, ssl.SSLContext]
+) -> None:
+    assert MAX_HEAD_BYTES == 8192  # as the README says
+    web, context = tls if over_tls else (None, None)
+    with serving(web=web) as (server, _):
+        for size, status in ((MAX_HEAD_BYTES, 200), (MAX_HEAD_BYTES + 1, 431)):
+            head = head_of(size)
+            bounds = [0, *(c for c in cuts if c < size), size]
+            pieces = [head[a:b] for a, b in itertools.pairwise(bounds)]
+            answer = exchange(server.port, pieces, context)
+            assert answer.startswith(b"HTTP/1.0 %d " % status), (size, answer[:40])
+            if status == 200:
+                assert split(answer)[2] == BODY
+
+
+class Segments:
+    """A socket whose peer sent `data` in `pieces`: a read returns at most the rest of one piece,
+    as a read of TCP may; then the peer closes."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = deque(p for p in pieces if p)
+
+    def settimeout(self, value: float | None) -> None:
+        pass
+
+    def recv(self, size: int) -> bytes:
+        if not self.pieces:
+            return b""
+        piece = self.pieces.popleft()
+        if len(piece) > size:
+            self.pieces.appendleft(piece[size:])
+        return piece[:size]
+
+
+@settings(max_examples=examples(300), deadline=None, derandomize=True)
+@given(
+    st.integers(-4, 4),
+    st.sampled_from([b"\r\n", b"\n"]),
+    st.integers(0, 30),
+    st.binary(max_size=40),
+    st.lists(st.integers(0, MAX_HEAD_BYTES + 50), max_size=8),
+)
+def test_the_head_limit_counts_every_byte_to_the_empty_line_however_it_arrives(
+    delta: int, eol: bytes, headers: int, after: bytes, cuts: list[int]
+) -> None:
+    head = head_of(MAX_HEAD_BYTES + delta, eol, headers)
+    data = head + after  # a body, or the next request: never counted
+    bounds = sorted({0, len(data), *(c for c in cuts if c < len(data))})
+    pieces = [data[a:b] for a, b in itertools.pairwise(bounds)]
+    sock = cast(socket.socket, Segments(pieces))
+    deadline = time.monotonic() + 60
+    if len(head) <= MAX_HEAD_BYTES:
+        assert read_head(sock, MAX_HEAD_BYTES, deadline) == head
+    else:
+        with pytest.raises(HeadTooLarge):
+            read_head(sock, MAX_HEAD_BYTES, deadline)
