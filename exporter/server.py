@@ -151,7 +151,8 @@ def read_head(sock: socket.socket, limit: int, deadline: float) -> bytes:
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise TimeoutError("request head not complete in time")
+            # The words of a recv that timed out: one debug line whichever way the deadline is met.
+            raise TimeoutError("timed out")
         sock.settimeout(remaining)
         chunk = sock.recv(limit + 1 - len(buf))
         if not chunk:
