@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from kube.times import timestamp
@@ -621,6 +621,7 @@ class _Node:
         single: bool = False,
         kept: Kept | None = None,
         kept_replicas: KeptReplicas | None = None,
+        named: Mapping[tuple[int, int | None], AllocatedBy] | None = None,
     ) -> None:
         self.name = name
         self.node = node
@@ -637,6 +638,7 @@ class _Node:
         # Shared devices: (GPU, MIG device or None) -> replica index -> (pod uid, replica).
         self.replicas: dict[tuple[int, int | None], dict[int, Replica]] = {}
         self.kept_replicas: KeptReplicas = kept_replicas or {}
+        self.named = named or {}  # shared devices -> the pod they named before
         self.reserved_replicas = {
             (g, d, r): uid for uid, held in self.kept_replicas.items() for g, d, r, _ in held
         }
@@ -844,14 +846,19 @@ class _Node:
 
     def _set_shared_status(self, g: int, d: int | None, uid: str, usage: PodUsage) -> None:
         """The device's status from its replicas: every holder's usage, and as `allocated-by`
-        (the pod dcgm-exporter's default mode names) the pod placed on it first: pods that held
-        replicas place first, oldest first, so it is the pod that has shared it longest."""
+        (the pod dcgm-exporter's default mode names) the pod it named before, while that pod
+        holds a replica there; else the pod placed on it first: pods that held replicas place
+        first, oldest first, so it is the pod that has shared it longest. (Not simply the first
+        placed: a pod that kept its replica and an older newcomer place in the other order on
+        the next pass, and the name would move.)"""
         replicas = tuple(sorted(self.replicas[g, d].values(), key=lambda r: r.index))
         old = self.gpus[g].status if d is None else (self.migs[g] or [])[d].status
         usages = {**(old.pod_gpu_usage_status if old else {}), uid: usage}
-        first = old.allocated_by if old is not None else None
-        mine = next(r.holder for r in replicas if r.pod_uid == uid)
-        status = DeviceStatus(first or mine, usages, replicas)
+        named = self.named.get((g, d))
+        if named is None or all(r.holder != named for r in replicas):
+            first = old.allocated_by if old is not None else None
+            named = first or next(r.holder for r in replicas if r.pod_uid == uid)
+        status = DeviceStatus(named, usages, replicas)
         if d is None:
             gpu = self.gpus[g]
             self.gpus[g] = Gpu(gpu.id, status, gpu.mig_devices)
@@ -972,32 +979,36 @@ class _Node:
             self.gpus[i] = Gpu(gpu.id, DeviceStatus(allocated_by, {uid: usage}), gpu.mig_devices)
 
 
+def _kept_statuses(
+    node: NodeTopology, previous: NodeTopology | None
+) -> Iterator[tuple[int, int | None, DeviceStatus]]:
+    """(GPU index, MIG device index in `node` or None, status in `previous`) of each device that
+    had a status in `previous` and that `node` still has: the same whole GPU, or a MIG device of
+    the same profile with the same GPU instance id."""
+    if previous is None:
+        return
+    for g, (now, before) in enumerate(zip(node.gpus, previous.gpus, strict=False)):
+        if now.mig_devices is None and before.mig_devices is None and before.status is not None:
+            yield g, None, before.status
+        index = {(d.gpu_instance_id, d.name): i for i, d in enumerate(now.mig_devices or ())}
+        for dev in before.mig_devices or ():
+            d = index.get((dev.gpu_instance_id, dev.name))
+            if d is not None and dev.status is not None:
+                yield g, d, dev.status
+
+
 # pod uid -> (GPU index, MIG device index or None for the whole GPU, container) it held
 Kept = Mapping[str, tuple[tuple[int, int | None, str], ...]]
 
 
 def held_devices(node: NodeTopology, previous: NodeTopology | None) -> Kept:
     """What each pod held in `previous` (the node's last result, or what the updater wrote
-    before a restart) that `node`'s devices still have: the same whole GPU, or a MIG device of
-    the same profile with the same GPU instance id."""
-    if previous is None:
-        return {}
+    before a restart) that `node`'s devices still have."""
     kept: dict[str, list[tuple[int, int | None, str]]] = {}
-    for g, (now, before) in enumerate(zip(node.gpus, previous.gpus, strict=False)):
-        if before.status is not None and now.mig_devices is None and before.mig_devices is None:
-            holder = before.status.allocated_by
-            for uid in before.status.pod_gpu_usage_status:
-                kept.setdefault(uid, []).append((g, None, holder.container if holder else ""))
-        if not now.mig_devices or not before.mig_devices:
-            continue
-        index = {(d.gpu_instance_id, d.name): i for i, d in enumerate(now.mig_devices)}
-        for dev in before.mig_devices:
-            d = index.get((dev.gpu_instance_id, dev.name))
-            if dev.status is None or d is None:
-                continue
-            holder = dev.status.allocated_by
-            for uid in dev.status.pod_gpu_usage_status:
-                kept.setdefault(uid, []).append((g, d, holder.container if holder else ""))
+    for g, d, status in _kept_statuses(node, previous):
+        holder = status.allocated_by
+        for uid in status.pod_gpu_usage_status:
+            kept.setdefault(uid, []).append((g, d, holder.container if holder else ""))
     return {uid: tuple(held) for uid, held in kept.items()}
 
 
@@ -1010,18 +1021,25 @@ def held_replicas(node: NodeTopology, previous: NodeTopology | None) -> KeptRepl
     if previous is None or node.sharing is None or previous.sharing is None:
         return {}
     kept: dict[str, list[tuple[int, int | None, int, str]]] = {}
-    for g, (now, before) in enumerate(zip(node.gpus, previous.gpus, strict=False)):
-        if now.mig_devices is None and before.mig_devices is None and before.status is not None:
-            for r in before.status.replicas:
-                kept.setdefault(r.pod_uid, []).append((g, None, r.index, r.holder.container))
-        index = {(d.gpu_instance_id, d.name): i for i, d in enumerate(now.mig_devices or ())}
-        for dev in before.mig_devices or ():
-            d = index.get((dev.gpu_instance_id, dev.name))
-            if d is not None and dev.status is not None:
-                for r in dev.status.replicas:
-                    kept.setdefault(r.pod_uid, []).append((g, d, r.index, r.holder.container))
+    for g, d, status in _kept_statuses(node, previous):
+        for r in status.replicas:
+            kept.setdefault(r.pod_uid, []).append((g, d, r.index, r.holder.container))
     limit = node.sharing.replicas  # fewer replicas now: those past the count are gone
     return {uid: tuple(h for h in held if h[2] < limit) for uid, held in kept.items()}
+
+
+def named_holders(
+    node: NodeTopology, previous: NodeTopology | None
+) -> dict[tuple[int, int | None], AllocatedBy]:
+    """The pod each shared device that `node` still has named in `previous`: it stays named for
+    as long as it holds a replica there."""
+    if previous is None or node.sharing is None or previous.sharing is None:
+        return {}
+    return {
+        (g, d): status.allocated_by
+        for g, d, status in _kept_statuses(node, previous)
+        if status.replicas and status.allocated_by is not None
+    }
 
 
 def _uid(pod: Obj) -> str:
@@ -1047,7 +1065,7 @@ def allocate(
     live = {_uid(p) for p in holding}
     kept = {uid: held for uid, held in held_devices(node, previous).items() if uid in live}
     replicas = {uid: held for uid, held in held_replicas(node, previous).items() if uid in live}
-    state = _Node(name, node, single, kept, replicas)
+    state = _Node(name, node, single, kept, replicas, named_holders(node, previous))
     # Pods that held devices place first, then new pods, oldest first, in what is left.
     holders = kept.keys() | replicas.keys()
     for pod in sorted(holding, key=lambda p: (_uid(p) not in holders, _pod_order(p))):

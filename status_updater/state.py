@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from status_updater import reconcile as rc
-from topology import migparted
+from topology import migparted, runai
 from topology.errors import TopologyError
 from topology.model import Gpu, MigDevice, NodeTopology, Topology
 
@@ -64,6 +64,21 @@ def _without_id(node: NodeTopology, uid: str) -> NodeTopology:
     )  # fmt: skip
 
 
+def _claim_ignored(node: NodeTopology, uid: str, owner: str) -> TopologyError:
+    """The warning for a pod whose annotation named another node's device id."""
+    holder = next(
+        (d.status.allocated_by for g in node.gpus for d in g.mig_devices or ()
+         if d.id == uid and d.status is not None and d.status.allocated_by is not None),
+        None,
+    )  # fmt: skip
+    obj = f"pod {holder.namespace}/{holder.pod}" if holder else "pod ?"
+    return TopologyError(
+        obj,
+        f"metadata.annotations[{runai.ANNOTATION_POD_MIG_DEVICE}].deviceUUID",
+        f"{uid} is a device of node {owner}: the claim is ignored",
+    )
+
+
 def _id_set(node: NodeTopology) -> frozenset[str]:
     ids = {gpu.id for gpu in node.gpus}
     ids.update(d.id for gpu in node.gpus for d in gpu.mig_devices or () if d.id is not None)
@@ -91,6 +106,7 @@ class ClusterState:
         # only where it is needed: a big cluster has hundreds of thousands of ids.
         self._claims: dict[str, str | set[str]] = {}
         self._node_ids: dict[str, frozenset[str]] = {}
+        self._id_warnings: dict[str, list[TopologyError]] = {}  # ids a pod claimed wrongly
         self._strategies: Counter[str | None] = Counter()
         self._rebuild: set[str] = set()  # Node changed: devices and allocations
         self._stale: set[str] = set()  # Pods changed: allocations
@@ -101,7 +117,10 @@ class ClusterState:
         """A Node as the API shows it; `slimmed`: already `reconcile.slim_node`, kept as it is."""
         name = rc.node_name(node)
         if not rc.is_gpu_node(node):
-            self.delete_node(name)
+            # Its GPU labels went (GPU feature discovery restarting takes them off and puts them
+            # back): no GPU node now, but the Node is there, and its pods keep their devices
+            # (its last placement) for when the labels return.
+            self._drop_node(name)
             return
         slim = node if slimmed else rc.slim_node(node)
         old = self.nodes.get(name)
@@ -130,8 +149,12 @@ class ClusterState:
                 self._stale.add(name)
 
     def delete_node(self, name: str) -> None:
-        old = self.nodes.pop(name, None)
+        """The Node is gone: with it, what its pods held."""
         self._placed.pop(name, None)
+        self._drop_node(name)
+
+    def _drop_node(self, name: str) -> None:
+        old = self.nodes.pop(name, None)
         if old is not None:
             self._strategies[rc.node_strategy(old)] -= 1
             self._built.pop(name, None)
@@ -171,7 +194,8 @@ class ClusterState:
         for node in nodes:
             seen.add(rc.node_name(node))
             self.set_node(node, slimmed=slimmed)
-        for name in set(self.nodes) - seen:
+        # A Node missing from the list is gone, also one whose GPU labels had gone before.
+        for name in (self.nodes.keys() | self._placed.keys()) - seen:
             self.delete_node(name)
 
     def reset_pods(self, pods: Iterable[rc.Obj], *, slimmed: bool = False) -> None:
@@ -271,13 +295,14 @@ class ClusterState:
             self._claims[uid] = next(iter(nodes)) if len(nodes) == 1 else nodes
 
     def _judge(self, name: str) -> NodeResult | None:
+        self._id_warnings.pop(name, None)
         computed = self._computed.get(name)
         if not isinstance(computed, NodeTopology):
             return computed
         if not any(isinstance(self._claims.get(uid), set) for uid in self._node_ids.get(name, ())):
             return computed  # no id of this node is claimed twice: the common case, O(ids)
-        built = self._built.get(name)
-        own = _id_set(built[0]) if isinstance(built, tuple) else frozenset()
+        own = self._own_ids(name)
+        result = computed
         for field, uid in _ids(computed):
             owner = self._owner(uid)
             if owner == name:
@@ -285,17 +310,27 @@ class ClusterState:
             if uid not in own:
                 # A pod's annotation named it (the mapping had not): the pod's claim is wrong,
                 # not the node; the device stays, without that id.
-                return _without_id(computed, uid)
+                self._id_warnings.setdefault(name, []).append(_claim_ignored(result, uid, owner))
+                result = _without_id(result, uid)
+                continue
             return Unreadable(
                 TopologyError(f"node {name}", field, f"duplicate id {uid} (also node {owner})")
             )
-        return computed
+        return result
+
+    def _own_ids(self, name: str) -> frozenset[str]:
+        """The ids a node's own objects give its devices (before any pod's annotation)."""
+        built = self._built.get(name)
+        return _id_set(built[0]) if isinstance(built, tuple) else frozenset()
 
     def _owner(self, uid: str) -> str:
-        """Of the nodes claiming an id, the one that keeps it: the oldest Node, then the first
-        name. A Node created to claim another's ids is newer, so it never takes them; and the
-        outcome is the same in whatever order the events came."""
-        return min(self._claimants(uid), key=lambda n: (rc.node_created(self.nodes[n]), n))
+        """Of the nodes claiming an id, the one that keeps it: one whose own objects give it
+        (a pod's annotation never takes an id from the node it belongs to), then the oldest
+        Node, then the first name. A Node created to claim another's ids is newer, so it never
+        takes them; and the outcome is the same in whatever order the events came."""
+        claimants = self._claimants(uid)
+        by_node = {n for n in claimants if uid in self._own_ids(n)}
+        return min(by_node or claimants, key=lambda n: (rc.node_created(self.nodes[n]), n))
 
     def strategy(self) -> str:
         """The MIG strategy the GPU nodes are labelled with (the most common; `none` unlabelled)."""
@@ -315,7 +350,9 @@ class ClusterState:
     def node_warnings(self, name: str) -> list[TopologyError]:
         """The node's own problems and its pods', then the cluster-wide id rule's verdict."""
         # Once each: a pod's bad annotation is met again for each device it holds.
-        found = list(dict.fromkeys(self.warnings.get(name, ())))
+        found = list(
+            dict.fromkeys([*self.warnings.get(name, ()), *self._id_warnings.get(name, ())])
+        )
         result = self.results.get(name)
         if isinstance(result, Unreadable) and result.reason not in found:
             found.append(result.reason)
