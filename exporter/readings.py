@@ -119,36 +119,68 @@ class EnergyMeter:
     A process does not know what the GPU drew before it started, so it starts each GPU at the most
     the GPU can have drawn since its boot (the power limit all along). Any earlier process's
     count is at most that, so the counter never decreases across restarts; it only jumps up.
+
+    Within a process it never goes back either, per (node, GPU), whatever the clock does and
+    however often a GPU goes and comes back (KWOK nodes come and go all day):
+    - a clock that goes back adds nothing, and a GPU counts from where it was when it catches up;
+    - a GPU that goes is no longer counted (the meter holds what is served, not all that ever
+      was), but its last count is kept among the last `RETIRED` gone, and it comes back from
+      there if it is still kept;
+    - one forgotten since starts again as a new one does, at the most it can have drawn, taken
+      at the latest time the meter has seen (not the clock's, which may have gone back). Its
+      earlier count was no more, as long as its limit did not go down (a node re-created as a
+      smaller model with the same GPU ids, which is also a new series: `modelName` changed):
+      it began at that most and added at most its limit since, as power is capped at the limit
+      and nothing counts before boot or for a clock that went back.
     """
+
+    RETIRED = 4096  # gone GPUs whose last count is kept: about 1 MiB at most
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         # (node, GPU id) -> (time, mJ, W since): GPU ids are unique in a cluster the updater
         # describes, but not in every hand-written topology.
         self._gpus: dict[tuple[str, str], tuple[float, float, float]] = {}
+        self._retired: dict[tuple[str, str], float] = {}  # gone GPUs' last mJ, oldest first
+        self._latest = float("-inf")  # the latest time any GPU was read at
 
     def read(self, node: str, gpu_id: str, at: float, power_w: float, limit_w: float) -> int:
         with self._lock:
+            self._latest = max(self._latest, at)
+            boot = _boot(gpu_id)
             last = self._gpus.get((node, gpu_id))
             if last is None:
-                boot = BOOT_EPOCH_S + int(_draw(f"boot/{gpu_id}") * BOOT_SPREAD_S)
-                t, mj = at, limit_w * max(at - boot, 0.0) * 1000
+                t = self._latest  # not the clock's time: it may have gone back since
+                most = limit_w * max(t - boot, 0.0) * 1000
+                mj = max(most, self._retired.pop((node, gpu_id), 0.0))
             else:
                 t, mj, drawn = last
                 if at > t:  # a clock that went back adds nothing
-                    mj += drawn * (at - t) * 1000
+                    # Nothing drawn before boot: the count stays within `limit x since boot`.
+                    mj += drawn * (max(at, boot) - max(t, boot)) * 1000
                     t = at
-            self._gpus[node, gpu_id] = (t, mj, power_w)
+            # A GPU draws at most its limit: more would count past where it would come back.
+            self._gpus[node, gpu_id] = (t, mj, min(max(power_w, 0.0), limit_w))
             return int(mj)
 
     def drop(self, node: str, gpu_ids: Iterable[str]) -> None:
         """Stop counting GPUs that are gone; one that comes back starts again (never lower)."""
         with self._lock:
             for gpu_id in gpu_ids:
-                self._gpus.pop((node, gpu_id), None)
+                last = self._gpus.pop((node, gpu_id), None)
+                if last is not None:
+                    self._retired[node, gpu_id] = last[1]
+                    if len(self._retired) > self.RETIRED:
+                        del self._retired[next(iter(self._retired))]
 
     def __len__(self) -> int:
+        """GPUs being counted: those served now."""
         return len(self._gpus)
+
+
+def _boot(gpu_id: str) -> float:
+    """When the GPU booted: a fixed time per GPU, so a count "since boot" has a start."""
+    return BOOT_EPOCH_S + int(_draw(f"boot/{gpu_id}") * BOOT_SPREAD_S)
 
 
 def _mig_fb(model: GpuModel, dev: MigDevice) -> tuple[int, int, int]:
