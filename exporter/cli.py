@@ -221,7 +221,7 @@ def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
         interval_s = args.collect_interval / 1000
         exporter = NvmlExporter(nv, options, published, interval_s, args.node_name)
     elif args.all_nodes:
-        exporter = NodesExporter(options, published)
+        exporter = NodesExporter(options, published, node_selector=args.node_selector)
     else:
         exporter = Exporter(args.node_name, options, published)
 

@@ -8,6 +8,11 @@ re-rendered on each collection step; the others only when their topology changes
 Sources are named (a per-node ConfigMap, or the one document of a file or of the single layout);
 each holds the nodes it lists. A source that turns invalid keeps its nodes' last good series, and
 a node whose entry is invalid keeps its own; `/health` then says why, in one line.
+
+With `--node-selector`, only the nodes its Node list selected are served: none before the Nodes
+are first listed (every node would export real nodes twice, as their own exporters do too), and
+the last selection while listing them fails. Each watch reports its problems under its own key,
+so one that is good again never hides the other's.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from topology.model import NodeTopology, Topology
 
 log = logging.getLogger("exporter")
 _START = "start"
+# Problem keys: what reports a problem, and clears it when it is good again.
+CONFIGMAPS, NODES, SOURCES = "configmaps", "nodes", "sources"
 
 
 class NodesExporter:
@@ -36,7 +43,9 @@ class NodesExporter:
         options: dcgm.Options,
         published: Published,
         clock: Callable[[], float] | None = None,
+        node_selector: str | None = None,
     ) -> None:
+        """`node_selector`: only the nodes `select` names are served, once it has named them."""
         self.options = options
         self.published = published
         self.clock = clock or (lambda: time.time())  # looked up per call: freezegun's is used
@@ -44,13 +53,18 @@ class NodesExporter:
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeTopology] = {}  # last good entry of every node seen
         self._sources: dict[str, set[str]] = {}  # source -> the nodes it holds
-        self._selected: set[str] | None = None  # --node-selector's nodes; None: every node
+        # --node-selector's nodes (the last good list's); None: every node. Nothing selected until
+        # the Nodes are listed, so a real node is never served while they cannot be.
+        self._selected: set[str] | None = set() if node_selector else None
+        self._listed = node_selector is None  # whether `_selected` came from a Node list
         self._dirty: set[str] = set()  # nodes to render again
         self._parts: dict[str, dict[str, bytes]] = {}  # node -> its fragments, as served
         self._moving: set[str] = set()  # nodes whose values move in time
         self._gpus: dict[str, set[str]] = {}  # node -> its GPU ids, whose energy is counted
         self._step: int | None = None
         self._problems: dict[str, str] = {_START: "no topology yet"}  # source -> reason
+        if node_selector:
+            self._problems[NODES] = f"Nodes -l {node_selector}: not listed yet"
         self.invalid = InvalidObjects("mig_exporter_invalid_objects_total")
         self._counted: dict[str, TopologyError] = {}  # source or node -> last problem counted
 
@@ -122,17 +136,28 @@ class NodesExporter:
             self.remove_source(source)
 
     def select(self, names: set[str] | None) -> None:
+        """The Nodes were listed (or watched): `names` are the nodes to serve."""
         with self._lock:
             before = self._selected
-            self._selected = names
+            self._selected, self._listed = names, True
             everyone = set(self._nodes)
             self._dirty |= (before if before is not None else everyone) ^ (
                 names if names is not None else everyone
             )
-            self._problems.pop("nodes", None)
+            if self._problems.pop(NODES, None) is not None:
+                log.info("the Nodes are listed: serving the %d selected", len(names or ()))
         self.wake.set()
 
-    def problem(self, reason: str | None, key: str = "configmaps") -> None:
+    def selection_failed(self, reason: str) -> None:
+        """The Nodes cannot be listed or watched: keep serving the last selection, and say so."""
+        with self._lock:
+            known = self._listed
+        kept = (
+            "serving the nodes last selected" if known else "serving no node until they are listed"
+        )
+        self.problem(f"{reason}; {kept}", key=NODES)
+
+    def problem(self, reason: str | None, key: str = CONFIGMAPS) -> None:
         """The API is unreachable (or fine again, with None): keep serving, report unhealthy."""
         with self._lock:
             if reason is None:
@@ -168,8 +193,9 @@ class NodesExporter:
                 for name in dirty
             }
             problems = sorted(self._problems.values())
-            # A source was read: its nodes (maybe none) are true.
-            ready = _START not in self._problems
+            # A source was read: its nodes (maybe none) are true; with a node selector, the Nodes
+            # were listed too: before, nothing is selected, and an empty body would be a lie.
+            ready = _START not in self._problems and self._listed
         for name, node in todo.items():
             gone = self._gpus.pop(name, set())
             if node is None:
@@ -197,4 +223,4 @@ class NodesExporter:
             self.published.publish(self.render())
             gone = wait_for_work(self.wake, dcgm.until_next_step(self.clock()), sources, stop)
             if gone:
-                self.problem(gone, key="sources")
+                self.problem(gone, key=SOURCES)

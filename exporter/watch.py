@@ -125,6 +125,7 @@ def watch_selected_nodes(
         on_reset,
         on_event,
         stop,
-        on_error=exporter.problem,
+        # Its own problem key: the ConfigMaps listing again must not clear it (nor it theirs).
+        on_error=exporter.selection_failed,
         label_selector=selector,
     )
