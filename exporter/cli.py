@@ -23,12 +23,19 @@ from exporter.service import Exporter, Sink, follow_file, read_topology_file
 from exporter.source import missing_node, node_of
 from exporter.webconfig import WebConfigError, load
 from kube.api import add_layout_argument, port, topology_name, topology_namespace
+from kube.process import CLUSTER_ENVIRONMENT, not_utf8
 from topology.configmap import node_configmap_name
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 log = logging.getLogger("exporter")
+# Every variable the exporter reads: one that is not UTF-8 is refused at the start.
+ENVIRONMENT = (
+    *CLUSTER_ENVIRONMENT, "NODE_NAME", "DCGM_EXPORTER_INTERVAL", "DRIVER_VERSION",
+    "EXPORTER_HOSTNAME", "DCGM_EXPORTER_COLLECTORS", "MIG_POD_LABELS", "KUBERNETES_VIRTUAL_GPUS",
+    "WEB_CONFIG_FILE",
+)  # fmt: skip
 
 
 def _env_flag(name: str) -> bool:
@@ -301,6 +308,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # Not UTF-8, a flag or variable would fail where it is written out (a label, a request).
+    if (bad := not_utf8(sys.argv[1:] if argv is None else argv, ENVIRONMENT)) is not None:
+        print(f"error: {bad}", file=sys.stderr)
+        return EXIT_USAGE
     p = parser()
     args = p.parse_args(argv)
     nvml_source = args.source == "nvml"

@@ -13,6 +13,7 @@ import yaml
 
 from kube.api import add_layout_argument, port, topology_name, topology_namespace
 from kube.files import UnreadableFile, read_text
+from kube.process import CLUSTER_ENVIRONMENT, not_utf8
 from status_updater.objects import InputError, load_objects
 from status_updater.reconcile import document
 from status_updater.state import ClusterState
@@ -22,6 +23,9 @@ from topology.errors import TopologyError
 from topology.model import NodeTopology, SafeDumper, dump_yaml
 
 EXIT_OK, EXIT_USAGE = 0, 2
+# Every variable the updater reads: one that is not UTF-8 is refused at the start.
+ENVIRONMENT = (*CLUSTER_ENVIRONMENT, "LEASE_NAME", "POD_NAME", "MIG_PARTED_CONFIG",
+               "RESYNC_SECONDS", "METRICS_PORT", "METRICS_ADDRESS")  # fmt: skip
 
 
 class _LiteralDumper(SafeDumper):  # type: ignore[valid-type,misc]
@@ -183,6 +187,10 @@ def _configmap_ref(text: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Not UTF-8, a flag or variable would fail where it is written out (a ConfigMap, a request).
+    if (bad := not_utf8(sys.argv[1:] if argv is None else argv, ENVIRONMENT)) is not None:
+        print(f"error: {bad}", file=sys.stderr)
+        return EXIT_USAGE
     args = parser().parse_args(argv)
     try:
         if args.command == "render":

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import importlib
+import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -13,9 +18,13 @@ import urllib.error
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
-from conftest import ROOT, SAMPLES, run_cli
+from conftest import ROOT, SAMPLES, examples, run_cli
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from promtext import Series, by_name, parse
 from test_golden import MOVING, masked
 
@@ -307,3 +316,145 @@ def test_exporter_serves_follows_the_file_and_stops_on_sigterm(tmp_path: Path) -
     finally:
         proc.kill()
         proc.wait()
+
+
+# --- arguments and variables that are not UTF-8 --------------------------------------------------
+
+COMMANDS = {"exporter": "exporter.cli", "status_updater": "status_updater.cli",
+            "topology": "topology.__main__"}  # fmt: skip
+
+
+def cli_module(command: str) -> Any:
+    return importlib.import_module(COMMANDS[command])
+
+
+def arguments(p: argparse.ArgumentParser, before: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every argument that takes a value, as the command line before it: (subcommand..., flag)
+    for a flag, (subcommand..., "") for a positional argument."""
+    out: list[tuple[str, ...]] = []
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += arguments(sub, (*before, name))
+        elif action.nargs != 0 and action.dest != "command":
+            out.append((*before, action.option_strings[-1] if action.option_strings else ""))
+    return out
+
+
+def _undecodable(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+# Bytes no UTF-8 decoder takes, anywhere in a value (a Latin-1 name, a cut sequence, a surrogate's
+# encoding), never NUL (no argument or variable can hold one) nor a leading `-` (a flag then).
+NOT_UTF8 = (
+    st.tuples(st.binary(max_size=6), st.sampled_from([b"\xff", b"\x80", b"\xc3", b"\xe9t\xe9",
+              b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc0\xaf"]), st.binary(max_size=6))
+    .map(lambda parts: b"".join(parts).replace(b"\x00", b"").lstrip(b"-"))
+    .filter(_undecodable)
+)  # fmt: skip
+TARGETS = [
+    (command, kind, name)
+    for command in COMMANDS
+    for kind, name in [
+        *(("flag", args) for args in arguments(cli_module(command).parser())),
+        *(("env", (var,)) for var in cli_module(command).ENVIRONMENT),
+    ]
+]
+
+
+def command_line(
+    kind: str, name: tuple[str, ...], value: str, joined: bool
+) -> tuple[list[str], str]:
+    """The arguments that give `value` to `name`, and how the error must name it."""
+    if kind == "env":
+        return [], f"environment variable {name[0]}: not UTF-8 text: "
+    *before, flag = name
+    if not flag:  # a positional argument
+        return [*before, value], f"argument {len(before) + 1}: not UTF-8 text: "
+    given = [f"{flag}={value}"] if joined and flag.startswith("--") else [flag, value]
+    return [*before, *given], f"argument {flag}: not UTF-8 text: "
+
+
+def refused_in_process(target: tuple[str, str, tuple[str, ...]], raw: bytes, joined: bool) -> None:
+    """`target` given `raw` in this process, as Python hands undecodable bytes over (lone
+    surrogates): exit 2 and one line naming it."""
+    command, kind, name = target
+    value = os.fsdecode(raw)
+    argv, says = command_line(kind, name, value, joined)
+    err = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")  # never a cluster, whatever runs
+        patch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        if kind == "env":
+            patch.setenv(name[0], value)
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                code = cli_module(command).main(argv)
+            except SystemExit as e:  # argparse
+                code = e.code
+    lines = err.getvalue().splitlines()
+    assert (code, len(lines)) == (2, 1), (argv, lines)
+    assert says + repr(raw[:60]) in lines[0]
+
+
+@pytest.mark.parametrize(
+    "target", TARGETS, ids=lambda t: " ".join((t[0], *(a or "FILE" for a in t[2])))
+)
+def test_each_argument_and_variable_a_command_reads_must_be_utf8(
+    target: tuple[str, str, tuple[str, ...]],
+) -> None:
+    refused_in_process(target, b"caf\xe9", joined=False)
+
+
+@settings(derandomize=True, max_examples=examples(300), deadline=None)
+@given(st.sampled_from(TARGETS), NOT_UTF8, st.booleans())
+def test_any_bytes_that_are_not_utf8_are_one_line_and_exit_2(
+    target: tuple[str, str, tuple[str, ...]], raw: bytes, joined: bool
+) -> None:
+    """Never an internal error (exit 1) where the value is written out later, whatever the bytes
+    and however the flag is given (`--flag VALUE`, `--flag=VALUE`)."""
+    refused_in_process(target, raw, joined)
+
+
+def test_every_variable_a_command_reads_is_one_it_checks() -> None:
+    """The environment each command's code reads (its own modules and those it imports) is in
+    the list its start checks: a new variable cannot be forgotten there."""
+    read = re.compile(r'(?:environ\.get|environ\[|getenv|_env_flag)\(?\s*"([A-Z][A-Z0-9_]*)"')
+    for command, module in COMMANDS.items():
+        listed = subprocess.run(
+            [sys.executable, "-c", f"import sys, {module}; print(*sorted(sys.modules))"],
+            cwd=ROOT, capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        ours = [m for m in listed if m.split(".")[0] in ("exporter", "kube", "status_updater",
+                                                         "topology")]  # fmt: skip
+        sources = "".join(Path(importlib.import_module(m).__file__ or "").read_text() for m in ours)
+        assert set(read.findall(sources)) <= set(cli_module(command).ENVIRONMENT), command
+
+
+@settings(derandomize=True, max_examples=examples(12), deadline=None)
+@given(st.sampled_from([t for t in TARGETS if t[1] == "env" or t[2][-1] in ("", "--hostname",
+       "--driver-version", "--identity", "--node", "--node-name")]), NOT_UTF8)  # fmt: skip
+def test_a_command_run_with_bytes_that_are_not_utf8_says_so_in_one_line(
+    target: tuple[str, str, tuple[str, ...]], raw: bytes
+) -> None:
+    """As a user runs it: a process whose environment or command line holds those bytes."""
+    command, kind, name = target
+    env = {k: v for k, v in os.environb.items() if k != b"KUBERNETES_SERVICE_HOST"}
+    env[b"KUBECONFIG"] = b"/nonexistent/kubeconfig"
+    argv: list[bytes] = []
+    if kind == "env":
+        env[name[0].encode()] = raw
+    else:
+        argv = [os.fsencode(a) for a in name if a] + [raw]
+    done = subprocess.run([os.fsencode(sys.executable), b"-m", command.encode(), *argv], env=env,
+                          cwd=ROOT, capture_output=True, timeout=60, check=False)  # fmt: skip
+    lines = done.stderr.decode(errors="replace").splitlines()
+    assert (done.returncode, len(lines)) == (2, 1), lines
+    what = f"environment variable {name[0]}" if kind == "env" else (
+        f"argument {name[-1]}" if name[-1] else f"argument {len(name)}")  # fmt: skip
+    assert f"{what}: not UTF-8 text: {raw[:60]!r}" in lines[0]

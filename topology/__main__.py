@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from kube.files import UnreadableFile, read_text
+from kube.process import not_utf8
 from topology.configmap import parse_document
 from topology.errors import TopologyError, one_line
 from topology.show import picture
@@ -21,6 +22,7 @@ PROG = "python -m topology"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 # A rendered List of per-node ConfigMaps is a few KiB per node; 16 MiB is thousands of nodes.
 MAX_FILE_BYTES = 16 << 20
+ENVIRONMENT: tuple[str, ...] = ()  # the variables it reads: none, only its arguments
 
 
 def parser() -> argparse.ArgumentParser:
@@ -72,6 +74,9 @@ def show(path: str, node: str | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Not UTF-8, an argument would fail where it is written out (a message, the picture).
+    if (bad := not_utf8(sys.argv[1:] if argv is None else argv, ENVIRONMENT)) is not None:
+        return _fail(bad)
     args = parser().parse_args(argv)
     try:
         return show(args.file, args.node)
