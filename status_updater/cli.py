@@ -79,10 +79,13 @@ def render(
 ) -> int:
     try:
         layouts = read_layouts(mig_parted_config) if mig_parted_config else None
-        objects = [*load_objects(nodes, "Node"), *load_objects(pods, "Pod")]
+        skipped: list[str] = []
+        objects = [*load_objects(nodes, "Node", skipped), *load_objects(pods, "Pod", skipped)]
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    for line in skipped:
+        print(f"warning: {line}", file=sys.stderr)
     state = ClusterState.of(
         (o for o in objects if o.get("kind") == "Node"),
         (o for o in objects if o.get("kind") == "Pod"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 import yaml
 
 from topology.errors import one_line
-from topology.model import SafeLoader
+from topology.model import load_documents, load_json
 
 SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -38,23 +37,58 @@ def _documents(path: Path) -> Iterator[Any]:
         raise InputError(f"{path}: cannot read: {e}") from None
     try:
         if path.suffix == ".json":
-            yield json.loads(text)
+            yield load_json(text)
         else:
-            yield from list(yaml.load_all(text, Loader=SafeLoader))
+            yield from load_documents(text)
     except (yaml.YAMLError, ValueError) as e:
         raise InputError(f"{path}: not valid {path.suffix[1:].upper()}: {one_line(e)}") from None
 
 
-def load_objects(paths: list[str], default_kind: str) -> Iterator[dict[str, Any]]:
-    """Every object in the paths; a `kind: List` is flattened, objects without kind get `default_kind`."""
+def load_objects(
+    paths: list[str], default_kind: str, skipped: list[str]
+) -> Iterator[dict[str, Any]]:
+    """Every Node and Pod in the paths: each document an object, a `kind: List` of them, or a
+    bare sequence (a YAML list, a JSON array) of them; an object without kind is `default_kind`.
+    What is not one is said, one line each into `skipped`, and the rest is read."""
     for raw in paths:
         for file in _files(Path(raw)):
-            for doc in _documents(file):
-                items = (
-                    doc.get("items")
-                    if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List")
-                    else [doc]
-                )
-                for item in items or []:
-                    if isinstance(item, dict):
-                        yield item if "kind" in item else {**item, "kind": default_kind}
+            docs = list(_documents(file))
+            for n, doc in enumerate(docs):
+                where = f"{file}: document {n + 1}" if len(docs) > 1 else str(file)
+                yield from _objects(doc, where, default_kind, skipped)
+
+
+def _objects(
+    doc: object, where: str, default_kind: str, skipped: list[str]
+) -> Iterator[dict[str, Any]]:
+    if doc is None:
+        return  # an empty document: a trailing `---`, or a comment only
+    items: list[tuple[str, object]]
+    if isinstance(doc, list):
+        items = [(f"{where}: [{i}]", item) for i, item in enumerate(doc)]
+    elif isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List"):
+        found = doc.get("items")
+        if found is not None and not isinstance(found, list):
+            skipped.append(f"{where}: items: expected a list of objects, got {_kind(found)}")
+            return
+        items = [(f"{where}: items[{i}]", item) for i, item in enumerate(found or ())]
+    else:
+        items = [(where, doc)]
+    for at, item in items:
+        if not isinstance(item, dict):
+            skipped.append(f"{at}: expected a Node or a Pod, got {_kind(item)}: skipped")
+            continue
+        kind = item.get("kind", default_kind)
+        # Kinds are case-sensitive in the API, but what a hand-written `kind: node` means is clear.
+        known = KINDS.get(kind.lower()) if isinstance(kind, str) else None
+        if known is None:
+            skipped.append(f"{at}: a {kind!r} is neither a Node nor a Pod: skipped")
+            continue
+        yield item if item.get("kind") == known else {**item, "kind": known}
+
+
+KINDS = {"node": "Node", "pod": "Pod"}
+
+
+def _kind(value: object) -> str:
+    return "nothing" if value is None else type(value).__name__

@@ -139,9 +139,29 @@ POD_ANNOTATIONS = (
 POD_LABELS = (usage.LABEL_INFERENCE,)
 
 
-def _only(value: object, keys: Iterable[str]) -> dict[str, Any]:
+def _kept(value: object, keys: Iterable[str]) -> dict[str, Any]:
+    """These keys' values as they are: an annotation that is no string is its object's error."""
     found = _strings(value)
     return {k: found[k] for k in keys if k in found}
+
+
+def _only(value: object, keys: Iterable[str]) -> dict[str, Any]:
+    """These keys' values as label text (see _label_text)."""
+    found = _strings(value)
+    return {k: text for k in keys if k in found and (text := _label_text(found[k])) is not None}
+
+
+def _label_text(value: object) -> str | None:
+    """A label or annotation value as the API holds it, a string. A file may hold YAML's
+    `true` or `8` unquoted (kubectl would refuse it): read as the text it stands for. Anything
+    else (a list, null, a float) is no value: as if the key were not there."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) and abs(value) < 10**18:
+        return str(value)
+    return None
 
 
 def slim_node(node: Obj) -> dict[str, Any]:
@@ -153,7 +173,7 @@ def slim_node(node: Obj) -> dict[str, Any]:
             "uid": meta.get("uid"),
             "creationTimestamp": meta.get("creationTimestamp"),
             "labels": _only(meta.get("labels"), NODE_LABELS) | _sharing_labels(meta),
-            "annotations": _only(meta.get("annotations"), NODE_ANNOTATIONS),
+            "annotations": _kept(meta.get("annotations"), NODE_ANNOTATIONS),
         },
     }
     advertised = _advertised_migs(node)
@@ -165,11 +185,12 @@ def slim_node(node: Obj) -> dict[str, Any]:
 def _sharing_labels(meta: Mapping[str, Any]) -> dict[str, str]:
     """GFD's sharing labels: `<resource>.replicas` and `.sharing-strategy` of each resource."""
     return {
-        k: v
+        k: text
         for k, v in _strings(meta.get("labels")).items()
         if isinstance(k, str)
         and k.startswith("nvidia.com/")
         and k.endswith((".replicas", ".sharing-strategy"))
+        and (text := _label_text(v)) is not None
     }
 
 
@@ -209,7 +230,7 @@ def slim_pod(pod: Obj) -> dict[str, Any]:
         "metadata": {
             **{k: meta.get(k) for k in ("name", "namespace", "uid", "creationTimestamp")},
             "labels": _only(meta.get("labels"), POD_LABELS),
-            "annotations": _only(meta.get("annotations"), POD_ANNOTATIONS),
+            "annotations": _kept(meta.get("annotations"), POD_ANNOTATIONS),
         },
         "spec": {"nodeName": spec.get("nodeName"), "containers": kept},
         "status": {"phase": status.get("phase") if isinstance(status, Mapping) else None},
@@ -222,7 +243,11 @@ def may_hold_gpu(pod: Obj) -> bool:
     Only these are kept: on a real cluster most pods never touch a GPU.
     """
     annotations = _strings(_meta(pod).get("annotations"))
-    return holds_gpu(pod) and (runai.ANNOTATION_POD_MIG_DEVICE in annotations or any(requests(pod)))
+    return holds_gpu(pod) and (
+        runai.ANNOTATION_POD_MIG_DEVICE in annotations
+        or any(requests(pod))
+        or any(odd_requests(pod))
+    )
 
 
 # --- nodes ---------------------------------------------------------------------------------------
@@ -575,20 +600,44 @@ def _is_gpu_resource(name: object) -> bool:
 _QUANTITY = re.compile(r"[0-9]{1,6}")  # a device count; more than a million is no real request
 
 
-def requests(pod: Obj) -> list[tuple[int, str, str, int]]:
-    """(container index, container name, resource, count) of each GPU or MIG resource the
-    pod's containers ask for (extended resources are whole numbers, their limit the request)."""
+def _gpu_limits(pod: Obj) -> Iterator[tuple[int, str, str, object]]:
+    """(container index, container name, resource, value) of each GPU or MIG resource limit."""
     spec = pod.get("spec")
     containers = spec.get("containers") if isinstance(spec, Mapping) else None
-    found = []
     for i, c in enumerate(containers if isinstance(containers, list) else []):
         resources = c.get("resources") if isinstance(c, Mapping) else None
         limits = resources.get("limits") if isinstance(resources, Mapping) else None
         for resource, value in sorted(_strings(limits).items()):
-            text = str(value)
-            if _is_gpu_resource(resource) and _QUANTITY.fullmatch(text) and int(text) > 0:
-                found.append((i, str(c.get("name", "")), str(resource), int(text)))
-    return found
+            if _is_gpu_resource(resource):
+                yield i, str(c.get("name", "")), str(resource), value
+
+
+def _count(value: object) -> int | None:
+    """A device count as the API writes one (decimal digits), or None."""
+    text = value if isinstance(value, str) else str(value) if isinstance(value, int) else ""
+    return int(text) if _QUANTITY.fullmatch(text) and not isinstance(value, bool) else None
+
+
+def requests(pod: Obj) -> list[tuple[int, str, str, int]]:
+    """(container index, container name, resource, count) of each GPU or MIG resource the
+    pod's containers ask for (extended resources are whole numbers, their limit the request)."""
+    return [
+        (i, name, resource, count)
+        for i, name, resource, value in _gpu_limits(pod)
+        if (count := _count(value))
+    ]
+
+
+def odd_requests(pod: Obj) -> list[tuple[int, str, object]]:
+    """(container index, resource, value) of each GPU or MIG resource asked for in something
+    other than a whole number of devices (`1.5`, `500m`, `-1`): the API refuses such a pod, so
+    one comes only from a file or an emulator, and is said, never silently left out."""
+    return [(i, r, v) for i, _, r, v in _gpu_limits(pod) if _count(v) is None]
+
+
+def _shown(value: object) -> str:
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else "a huge number"
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def _whole_gpus_requested(pod: Obj) -> int:
@@ -661,6 +710,13 @@ class _Node:
     def place(self, pod: Obj, warnings: list[TopologyError]) -> None:
         meta = _meta(pod)
         obj = pod_ref(pod)
+        for ci, resource, value in odd_requests(pod):
+            # The kubelet would never run it: the pod holds nothing, as one that does not fit.
+            raise TopologyError(
+                obj,
+                f"spec.containers[{ci}].resources.limits[{resource}]",
+                f"expected a whole number of devices, got {_shown(value)}: not placed",
+            )
         allocated_by = AllocatedBy(*_names(pod), _first_container(pod))
         uid = _uid(pod)
         if self.node.sharing is not None:

@@ -240,8 +240,10 @@ def test_messages_escape_control_characters_and_stay_short() -> None:
 
 
 def test_every_problem_of_every_gpu_is_reported_in_order() -> None:
+    ids = iter(range(100))  # each its own GI id: one id twice is an error of its own
+
     def dev(name: str, position: int) -> dict[str, object]:
-        return {"name": name, "position": position, "gpu-instance-id": 9}
+        return {"name": name, "position": position, "gpu-instance-id": next(ids)}
 
     h100 = {"gpu-count": 2, "gpu-memory": 81559, "gpu-product": "NVIDIA-H100-80GB-HBM3",
             "is-dynamic-mig-enabled": True, "gpus": [

@@ -6,6 +6,7 @@ when empty so a dump round-trips to the same YAML.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,9 @@ from topology import yamltext
 from topology.errors import TopologyError, one_line
 
 MIG_STRATEGIES = ("none", "single", "mixed")
+# No count, id, index or MiB of the schema comes near it (the largest GPU has about 2**18 MiB);
+# a larger number is no real value, and would reach the exposition as one no float holds exactly.
+MAX_INTEGER = 10**9
 
 
 @dataclass(frozen=True)
@@ -167,8 +171,24 @@ def to_dict(topology: Topology) -> dict[str, Any]:
 
 
 # libyaml when PyYAML was built with it: the pure-Python loader is several times slower.
-SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_FastLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 SafeDumper: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
+
+
+def _textual_times(loader: type[yaml.SafeLoader]) -> type[yaml.SafeLoader]:
+    """The loader with YAML 1.1's dates left as text, as JSON and the Kubernetes API have them:
+    an impossible one (`2024-02-30`) made the loader raise ValueError, and no field of ours
+    wants a date object (kube/times.py reads the text)."""
+    resolvers = {
+        first: [(tag, regexp) for tag, regexp in found if tag != _TIMESTAMP]
+        for first, found in loader.yaml_implicit_resolvers.items()
+    }
+    return type(loader.__name__, (loader,), {"yaml_implicit_resolvers": resolvers})
+
+
+SafeLoader = _textual_times(_FastLoader)
+_DeepLoader = _textual_times(yaml.SafeLoader)  # recursion in Python, where too deep is an error
 
 
 # libyaml's composer recurses in C: some tens of thousands of nested `[`/`{` overflow the stack
@@ -220,23 +240,52 @@ def _expands_beyond(doc: object, budget: int) -> bool:
     return False
 
 
+class UnreadableValueError(yaml.YAMLError):
+    def __init__(self, e: ValueError) -> None:
+        self.reason = one_line(e)
+
+    def __str__(self) -> str:
+        return f"holds a value that cannot be read: {self.reason}"
+
+
 def load_document(text: str) -> Any:
     """YAML (or JSON) text, parsed safely, in time and memory bounded by its length: a
-    yaml.YAMLError when it nests too deep (TooDeepError) or its aliases expand it far beyond
-    what its text could hold without them (TooBigError)."""
-    if flow_depth_exceeds(text):
-        # Maybe only brackets inside strings (a pod named `[[[…`, which the updater writes
-        # quoted): the pure-Python loader recurses in Python, where too deep is an exception.
-        try:
-            doc = yaml.load(text, Loader=yaml.SafeLoader)
-        except RecursionError:
-            raise TooDeepError() from None
-    else:
-        doc = yaml.load(text, Loader=SafeLoader)
+    yaml.YAMLError when it nests too deep (TooDeepError), its aliases expand it far beyond
+    what its text could hold without them (TooBigError), or a value cannot be built
+    (UnreadableValueError: an integer of more digits than Python converts)."""
+    docs = load_documents(text)
+    return docs[0] if docs else None
+
+
+def load_documents(text: str) -> list[Any]:
+    """Every document of a YAML stream (`---` between them), as load_document reads one."""
+    try:
+        if flow_depth_exceeds(text):
+            # Maybe only brackets inside strings (a pod named `[[[…`, which the updater writes
+            # quoted): the pure-Python loader recurses in Python, where too deep is an exception.
+            try:
+                docs = list(yaml.load_all(text, Loader=_DeepLoader))
+            except RecursionError:
+                raise TooDeepError() from None
+        else:
+            docs = list(yaml.load_all(text, Loader=SafeLoader))
+    except ValueError as e:
+        raise UnreadableValueError(e) from None
     # Without an alias (`*`), every value takes at least a character of the text.
-    if "*" in text and _expands_beyond(doc, len(text) + 1000):
+    if "*" in text and _expands_beyond(docs, len(text) + 1000):
         raise TooBigError()
-    return doc
+    return docs
+
+
+def load_json(text: str | bytes) -> Any:
+    """JSON text, parsed with the nesting bound of load_document (json recurses in Python: a few
+    thousand `[` exhaust the stack). ValueError, with one line, on anything that is not JSON."""
+    if flow_depth_exceeds(text.decode("utf-8", "replace") if isinstance(text, bytes) else text):
+        raise ValueError(str(TooDeepError()))
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(str(TooDeepError())) from None
 
 
 def dump_yaml(topology: Topology) -> str:
@@ -354,9 +403,11 @@ class _Reader:
     def integer(self, key: str, *, minimum: int = 0) -> int:
         value = self.raw(key)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(key, f"expected an integer, got {value!r}")
+            raise self.error(key, f"expected an integer, got {_short(value)}")
         if value < minimum:
-            raise self.error(key, f"must be >= {minimum}, got {value}")
+            raise self.error(key, f"must be >= {minimum}, got {_short(value)}")
+        if value > MAX_INTEGER:
+            raise self.error(key, f"must be <= {MAX_INTEGER}, got {_short(value)}")
         return value
 
     def string(self, key: str, *, empty: bool = False) -> str:
@@ -381,6 +432,14 @@ class _Reader:
         if not isinstance(value, list):
             raise self.error(key, f"expected a list, got {_kind(value)}")
         return [_Reader(item, f"{self._path(key)}[{i}]", self.obj) for i, item in enumerate(value)]
+
+
+def _short(value: object) -> str:
+    """A value for a message: a huge integer by its length (Python refuses to print one of more
+    than 4,300 digits, and a 400-digit one is no help to read)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INTEGER:
+        return f"a {len(str(abs(value))) if abs(value) < 10**4000 else 'many'}-digit number"
+    return repr(value)
 
 
 def _kind(value: object) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ import yaml
 from topology import migparted
 from topology.catalog import base_product
 from topology.errors import TopologyError, one_line
-from topology.model import load_document
+from topology.model import load_document, load_json
 
 LABEL_DYNAMIC_MIG = "node-role.kubernetes.io/runai-dynamic-mig"
 LABEL_MIG_ENABLED = "node-role.kubernetes.io/runai-mig-enabled"
@@ -173,7 +172,7 @@ def parse_mig_mapping(text: str, obj: str) -> dict[tuple[int, int], MappedDevice
     field = f"metadata.annotations[{ANNOTATION_MIG_MAPPING}]"
     try:
         raw = base64.b64decode(text.strip(), validate=True)
-        doc = json.loads(raw)
+        doc = load_json(raw)
     except (binascii.Error, ValueError) as e:
         raise TopologyError(obj, field, f"is not base64-encoded JSON: {one_line(e)}") from None
     if not isinstance(doc, dict):
@@ -219,7 +218,7 @@ def parse_pod_mig_device(text: str, obj: str) -> PodMigDevice:
     """The pod annotation `runai-mig-device` (JSON); `gpuindex` may be an int or a string."""
     field = f"metadata.annotations[{ANNOTATION_POD_MIG_DEVICE}]"
     try:
-        doc: Any = json.loads(text)
+        doc: Any = load_json(text)
     except ValueError as e:
         raise TopologyError(obj, field, f"is not JSON: {one_line(e)}") from None
     if not isinstance(doc, dict):

@@ -35,14 +35,6 @@ def _node_errors(name: str, node: NodeTopology) -> Iterator[TopologyError]:
         instances: dict[int, str] = {}  # GI id -> the device that has it
         for di, dev in enumerate(gpu.mig_devices):
             where = f"gpus[{gi}].mig-devices[{di}]"
-            # (GPU, GI) is a series' identity: two instances with one id are one series twice,
-            # which Prometheus rejects whole as a duplicate sample.
-            other = instances.setdefault(dev.gpu_instance_id, f"{dev.name}@{dev.position}")
-            if other != f"{dev.name}@{dev.position}":
-                yield TopologyError(
-                    obj, f"{where}.gpu-instance-id", f"{dev.gpu_instance_id} is also {other}'s"
-                )
-                continue
             profile = model.profile(dev.name)
             if profile is None:
                 known = ", ".join(p.name for p in model.profiles)
@@ -73,6 +65,14 @@ def _node_errors(name: str, node: NodeTopology) -> Iterator[TopologyError]:
                     obj,
                     f"{where}.position",
                     f"{dev.name}@{dev.position} overlaps {', '.join(clash)}",
+                )
+                continue
+            # (GPU, GI) is a series' identity: two instances with one id are one series twice,
+            # which Prometheus rejects whole as a duplicate sample.
+            other = instances.setdefault(dev.gpu_instance_id, f"{dev.name}@{dev.position}")
+            if other != f"{dev.name}@{dev.position}":
+                yield TopologyError(
+                    obj, f"{where}.gpu-instance-id", f"{dev.gpu_instance_id} is also {other}'s"
                 )
                 continue
             used.update({s: f"{dev.name}@{dev.position}" for s in span})
