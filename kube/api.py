@@ -67,7 +67,7 @@ def add_layout_argument(parser: argparse.ArgumentParser) -> None:
 
 def port(text: str) -> int:
     """An argparse type: a TCP port (0: let the system choose, or none where a flag says so)."""
-    if not text.isdigit() or not 0 <= int(text) <= 65535:
+    if not (text.isascii() and text.isdigit() and len(text) <= 5) or not 0 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port 0-65535, got {text!r}")
     return int(text)
 

@@ -219,3 +219,24 @@ def test_a_number_too_large_to_be_real_is_refused_naming_its_field() -> None:
     )
     doc["nodes"][name]["gpu-memory"] = MAX_INTEGER
     assert name in from_dict(doc).nodes
+
+
+@pytest.mark.parametrize("text", ["²", "٣", "0" * 5000, "1" * 20, " 4", "4.0", "+4"])
+def test_counts_in_labels_are_ascii_decimal_digits(text: str) -> None:
+    """str.isdigit() takes `²` (int() then raises) and `٣` (int() reads 3), and any length."""
+    from topology.sharing import parse_sharing, shared_by_allocatable
+
+    with pytest.raises(TopologyError, match=r"replicas\]: expected 0 to 1024, got "):
+        parse_sharing({"nvidia.com/gpu.replicas": text}, "node n")
+    assert shared_by_allocatable({"nvidia.com/gpu.shared": text}, 1) is None
+
+
+@pytest.mark.parametrize("text", ["²", "٣", "0" * 5000, "65536", "-1"])
+def test_a_port_is_ascii_decimal_digits(text: str) -> None:
+    import argparse
+
+    from kube.api import port
+
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a port 0-65535"):
+        port(text)
+    assert port("0") == 0 and port("9400") == 9400

@@ -15,6 +15,7 @@ instead of `nvidia.com/gpu`. Pure: labels in, `Sharing` out.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from topology.errors import TopologyError
@@ -25,6 +26,11 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_SUFFIX = ".shared"  # the renamed resource
 SHARED_GPU_RESOURCE = GPU_RESOURCE + SHARED_SUFFIX
 MAX_REPLICAS = 1024  # far above any real configuration; bounds what one label can make us hold
+
+
+# Decimal digits as Kubernetes writes counts: str.isdigit() also takes `²` and `٣`, which int()
+# refuses or reads, and any number of them, which int() refuses past 4,300.
+_DIGITS = re.compile(r"[0-9]{1,9}")
 
 
 def _resources(labels: Mapping[str, str]) -> list[str]:
@@ -47,7 +53,7 @@ def parse_sharing(labels: Mapping[str, str], obj: str) -> Sharing | None:
     for resource in _resources(labels):
         key = f"{resource}.replicas"
         text = labels[key]
-        if not text.isdigit() or not 0 <= int(text) <= MAX_REPLICAS:
+        if not _DIGITS.fullmatch(text) or not 0 <= int(text) <= MAX_REPLICAS:
             raise TopologyError(
                 obj, f"metadata.labels[{key}]", f"expected 0 to {MAX_REPLICAS}, got {text!r}"
             )
@@ -72,7 +78,7 @@ def shared_by_allocatable(allocatable: Mapping[str, str], gpus: int) -> Sharing 
     `nvidia.com/gpu.shared`: its replicas per GPU are what it advertises over its GPU count.
     The strategy is not advertised; time-slicing is the plugin's usual one."""
     text = allocatable.get(SHARED_GPU_RESOURCE, "")
-    if not text.isdigit() or gpus <= 0 or int(text) // gpus < 2:
+    if not _DIGITS.fullmatch(text) or gpus <= 0 or int(text) // gpus < 2:
         return None
     return Sharing("time-slicing", min(int(text) // gpus, MAX_REPLICAS))
 
