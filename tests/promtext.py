@@ -43,3 +43,17 @@ def parse(text: str) -> list[Series]:
 
 def by_name(series: list[Series], name: str) -> list[Series]:
     return [s for s in series if s.name == name]
+
+
+def duplicates(series: list[Series]) -> list[Series]:
+    """Every sample whose metric name and label set, in any label order, an earlier sample of
+    the same text already has. Prometheus keeps one such sample per scrape and rejects the
+    rest as duplicates, so one of the series is lost."""
+    seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
+    out = []
+    for s in series:
+        key = (s.name, frozenset(s.labels))
+        if key in seen:
+            out.append(s)
+        seen.add(key)
+    return out
