@@ -184,7 +184,8 @@ def test_sources_and_the_node_selector_decide_which_nodes_are_served() -> None:
 
 def test_a_node_that_goes_leaves_no_energy_counter_behind() -> None:
     """KWOK clusters create and delete nodes all day: the meter counts only served GPUs, each
-    node's apart (the fixture's nodes even share GPU ids)."""
+    node's apart (the fixture's nodes even share GPU ids); of those gone it keeps only a bounded
+    number of last counts (tests/test_exporter_energy.py)."""
     with freeze_time("2026-11-22 10:00:00") as clock:
         many = exporter()
         for name, percent in (("a", 0), ("b", 100)):
