@@ -8,9 +8,11 @@ reconciled.
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 import uuid
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -819,33 +821,35 @@ class _Node:
                 and self.reserved_replicas.get((g, d, r), uid) == uid
             )
 
-        def first_free(
-            dev: tuple[int, int | None], chosen: list[tuple[int, int | None, int]]
-        ) -> int | None:
-            g, d = dev
-            return next(
-                (r for r in range(count_per_device) if free(g, d, r) and (g, d, r) not in chosen),
-                None,
-            )
-
         for ci, container, resource, count in requests(pod):
             resource = base_resource(resource)
             profile = None if resource == GPU_RESOURCE else resource.removeprefix(
                 runai.MIG_RESOURCE_PREFIX)  # fmt: skip
             devices = self._shared_devices(profile)
+            known = set(devices)
             mine = [(g, d, r) for g, d, r, c in self.kept_replicas.get(uid, ())
-                    if c == container and (g, d) in devices and free(g, d, r)]  # fmt: skip
+                    if c == container and (g, d) in known and free(g, d, r)]  # fmt: skip
             chosen: list[tuple[int, int | None, int]] = mine[:count]
+            held = set(chosen)
+            # Per device, the replicas still free for this container, lowest first: built once
+            # and taken from the front, as each pick takes a device's lowest. (Looking for it
+            # again on every device at every pick made a large request cubic in the replicas.)
+            open_replicas = {
+                (g, d): deque(r for r in range(count_per_device)
+                              if free(g, d, r) and (g, d, r) not in held)
+                for g, d in devices
+            }  # fmt: skip
             # This container's replicas per device; with those taken before (by other pods and
             # this pod's earlier containers: the kubelet allocates containers in turn), the load.
-            picked = {dev: sum(1 for g, d, _ in chosen if (g, d) == dev) for dev in devices}
-            before = {dev: sum(1 for g, d, _ in taken if (g, d) == dev) for dev in devices}
+            picked = Counter((g, d) for g, d, _ in chosen)
+            before = Counter((g, d) for g, d, _ in taken)
+            load = {dev: len(self.replicas.get(dev, {})) + before[dev] for dev in devices}
+            # The devices by what the next pick prefers; only the picked one's place changes.
+            ranked = [(load[v] + picked[v], picked[v], self._order(v), v)
+                      for v in devices if open_replicas[v]]  # fmt: skip
+            heapq.heapify(ranked)
             for _ in range(count - len(chosen)):
-                # device -> its lowest replica still free for this container
-                lowest_open = {
-                    dev: r for dev in devices if (r := first_free(dev, chosen)) is not None
-                }
-                if not lowest_open:
+                if not ranked:
                     what = profile or "GPU"
                     free_count = sum(
                         1 for dev in devices for r in range(count_per_device) if free(*dev, r)
@@ -855,11 +859,13 @@ class _Node:
                         f"spec.containers[{ci}].resources.limits[{resource}]",
                         f"asks for {count} {what} replicas, node {self.name} has {free_count} free",
                     )
-                dev = min(lowest_open, key=lambda v: (
-                    len(self.replicas.get(v, {})) + before[v] + picked[v], picked[v],
-                    self._order(v)))  # fmt: skip
-                chosen.append((*dev, lowest_open[dev]))
+                *_, dev = heapq.heappop(ranked)
+                chosen.append((*dev, open_replicas[dev].popleft()))
                 picked[dev] += 1
+                if open_replicas[dev]:
+                    heapq.heappush(
+                        ranked, (load[dev] + picked[dev], picked[dev], self._order(dev), dev)
+                    )
             picks += [(g, d, r, container) for g, d, r in chosen]
             taken.update(chosen)
         usages: dict[tuple[int, int | None], PodUsage] = {}
