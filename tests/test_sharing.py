@@ -536,3 +536,17 @@ def test_mps_on_mig_instances_is_refused_in_one_line_and_nothing_is_shared(tmp_p
         "devices (the device plugin refuses it): not shared"
     ]
     assert "sharing" not in rendered.nodes[name]
+
+
+def test_a_pod_asking_for_every_replica_of_the_largest_sharing_gets_them_spread_evenly() -> None:
+    """1,024 replicas per GPU (the most a label may say): every one is handed out, alternating
+    between the GPUs as the distributed policy does; one more than the node has is refused."""
+    node = two_gpu_node(1024)
+    topology, warnings = reconcile([node], [sharing_pod("all", "2026-01-01T00:00:00Z", 10, 10,
+                                                        node="n2", count=2048)])  # fmt: skip
+    assert warnings == []
+    assert placement(topology) == [[(r, "all") for r in range(1024)]] * 2
+    topology, warnings = reconcile([node], [sharing_pod("more", "2026-01-01T00:00:00Z", 10, 10,
+                                                        node="n2", count=2049)])  # fmt: skip
+    assert placement(topology) == [[], []]
+    assert [w.message for w in warnings] == ["asks for 2049 GPU replicas, node n2 has 2048 free"]
