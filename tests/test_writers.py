@@ -3,9 +3,11 @@ conflict makes it do. (The live tests show the same against the emulator; these 
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -370,3 +372,35 @@ def test_a_lease_without_spec_is_free_to_take() -> None:
     assert api.lease.spec.holder_identity == "me"
     assert api.patches[0]["metadata"]["resourceVersion"] == "7"  # based on what it read
     assert "acquireTime" in api.patches[0]["spec"]  # a take-over, not a renewal
+
+
+def _edit_label(cm: dict[str, Any]) -> None:
+    cm["metadata"]["labels"][contract.LABEL_NODE_NAME] = "someone-else"
+
+
+def _drop_label(cm: dict[str, Any]) -> None:
+    del cm["metadata"]["labels"][contract.LABEL_NODE_NAME]
+
+
+def _edit_data(cm: dict[str, Any]) -> None:
+    cm["data"] = {contract.DATA_KEY: "mig-strategy: none\nnodes: {}\n"}
+
+
+@pytest.mark.parametrize("edit", [_edit_label, _drop_label, _edit_data])
+def test_per_node_repairs_what_another_writer_edits_in_its_configmap(
+    edit: Callable[[dict[str, Any]], None],
+) -> None:
+    """The README promises repair: the node-name label (which the exporter selects its node's
+    ConfigMap by) edited or removed with the data left alone, or the data edited."""
+    core = FakeCore()
+    writer, state, name = written_once(core)
+    written = copy.deepcopy(core.cms[name])
+    edit(core.cms[name])
+    core.version += 1
+    core.cms[name]["metadata"]["resourceVersion"] = str(core.version)
+    writer._events.put(("MODIFIED", copy.deepcopy(core.cms[name])))
+    writer.sync(state, set(), full=False)  # nothing changed in the cluster
+    repaired = core.cms[name]
+    assert repaired["data"] == written["data"]
+    assert repaired["metadata"]["labels"] == written["metadata"]["labels"]
+    assert [verb for verb, _ in core.writes()] == ["create", "patch"]
