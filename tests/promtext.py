@@ -7,6 +7,8 @@ prometheus_client's parser validates the text; label order is taken from the raw
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -57,3 +59,34 @@ def duplicates(series: list[Series]) -> list[Series]:
             out.append(s)
         seen.add(key)
     return out
+
+
+# What promtool's linter says of dcgm-exporter's own names: label names such as `modelName`,
+# `UUID` and `GPU_I_ID`, counters without `_total`, and `DCGM_FI_DEV_PCIE_REPLAY_COUNTER`.
+# The real dumps say the same. Any other finding, or a parse error, is a problem.
+DCGM_NAMING_LINT = (
+    "label names should be written in 'snake_case' not 'camelCase'",
+    'counter metrics should have "_total" suffix',
+    "metric name should not include type 'counter'",
+)
+
+
+def promtool_findings(text: str, allowed: tuple[str, ...] = ()) -> list[str]:
+    """What `promtool check metrics` finds in the exposition beyond DCGM's own naming (and the
+    `allowed` findings)."""
+    binary = shutil.which("promtool")
+    assert binary, (
+        "promtool is required: run ./scripts/install-test-tools (Debian package prometheus)"
+    )
+    result = subprocess.run(
+        [binary, "check", "metrics"],
+        input=text.encode(),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    lines = (result.stdout + result.stderr).decode(errors="replace").splitlines()
+    # 0: clean; 3: lint findings only; anything else (1: the text does not parse) fails.
+    if result.returncode not in (0, 3):
+        return lines or [f"exit {result.returncode}"]
+    return [line for line in lines if not line.endswith((*DCGM_NAMING_LINT, *allowed))]

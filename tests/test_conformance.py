@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import subprocess
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -74,7 +73,7 @@ from producers import (
     sanitize_label_value,
 )
 from prometheus_client.parser import text_string_to_metric_families
-from promtext import Series, by_name, duplicates, parse
+from promtext import Series, by_name, duplicates, parse, promtool_findings
 
 from exporter import dcgm
 from status_updater.state import ClusterState
@@ -84,16 +83,6 @@ FB_USED = "DCGM_FI_DEV_FB_USED"  # served once per MIG instance and once per MIG
 SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"  # served for every GPU, MIG on or off
 POD_LABELS = ("container", "namespace", "pod")
 SHARED_NODES = ROOT.parent / "shared" / "samples" / "node"
-# What promtool's linter says of dcgm-exporter's own names: label names such as `modelName`,
-# `UUID` and `GPU_I_ID`, counters without `_total`, and `DCGM_FI_DEV_PCIE_REPLAY_COUNTER`.
-# The real dumps say the same. Any other finding, or a parse error, fails the check.
-DCGM_NAMING_LINT = (
-    "label names should be written in 'snake_case' not 'camelCase'",
-    'counter metrics should have "_total" suffix',
-    "metric name should not include type 'counter'",
-)
-
-
 # --- what each node should show ------------------------------------------------------------------
 
 
@@ -558,26 +547,6 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Render
 
 
 # --- every exposition: promtool, prometheus_client, no duplicates --------------------------------
-
-
-def promtool_findings(text: str) -> list[str]:
-    binary = shutil.which("promtool")
-    assert binary, (
-        "promtool is required: run ./scripts/install-test-tools (Debian package prometheus)"
-    )
-    result = subprocess.run(
-        [binary, "check", "metrics"],
-        input=text,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    lines = (result.stdout + result.stderr).splitlines()
-    # 0: clean; 3: lint findings only; anything else (1: the text does not parse) fails.
-    if result.returncode not in (0, 3):
-        return lines or [f"exit {result.returncode}"]
-    return [line for line in lines if not line.endswith(DCGM_NAMING_LINT)]
 
 
 @pytest.mark.parametrize("mode", MODES)
