@@ -14,10 +14,11 @@ import copy
 import datetime as dt
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SAMPLES, examples
+from conftest import SAMPLES, examples, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_hostile import NODES, PODS
@@ -240,3 +241,39 @@ def test_a_port_is_ascii_decimal_digits(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="expected a port 0-65535"):
         port(text)
     assert port("0") == 0 and port("9400") == 9400
+
+
+# --- as a user meets them: the commands, exit 0 or 2, never 1 -----------------------------------
+
+HOSTILE_FILES = {
+    "impossible-date.yaml": "kind: Node\nmetadata: {name: n, creationTimestamp: 2024-02-30T00:00:00Z,"
+    " labels: {nvidia.com/gpu.product: Tesla-K80}}\n",
+    "deep.json": "[" * 100_000 + "]" * 100_000,
+    "deep.yaml": "a: " + "[" * 100_000 + "]" * 100_000 + "\n",
+    "huge-number.yaml": "kind: Node\nmetadata: {name: n, labels: {nvidia.com/gpu.count: "
+    + "9" * 5000 + "}}\n",
+    "items-number.yaml": "kind: List\nitems: 5\n",
+    "topology-date.yaml": "mig-strategy: none\nnodes:\n  n: 2024-02-30\n",
+    "topology-huge.yaml": "nodes:\n  n: {gpu-count: 1, gpu-memory: " + "9" * 5000
+    + ", gpu-product: Tesla-K80}\n",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_FILES))
+@pytest.mark.parametrize("command", ["render", "exporter", "show"])
+def test_hostile_files_are_exit_0_or_2_and_one_line_each(
+    tmp_path: Path, name: str, command: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(HOSTILE_FILES[name])
+    args = {
+        "render": ["status_updater", "render", "--nodes", str(path)],
+        "exporter": ["exporter", "--topology-file", str(path), "--node-name", "n", "--once"],
+        "show": ["topology", "show", str(path)],
+    }[command]
+    done = run_cli(*args)
+    assert done.returncode in (0, 2), done.stderr
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+    for line in done.stderr.splitlines():
+        assert line.startswith(("error: ", "warning: ", "python -m ")), line
+        assert len(line) < 2000
