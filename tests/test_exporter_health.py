@@ -13,7 +13,6 @@ here, not by backoff jitter.
 
 from __future__ import annotations
 
-import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,7 +23,7 @@ from kubeapi import KubeAPI, eventually
 from promtext import parse
 from test_cli import get
 from test_exporter import MIG
-from test_serve import serve
+from test_serve import restore_signals, serve  # noqa: F401 (restore_signals: autouse here too)
 
 from exporter import dcgm
 from exporter.many import NodesExporter
@@ -63,14 +62,6 @@ def heal(kube: KubeAPI) -> None:
 
 def served(many: NodesExporter) -> set[str]:
     return {s.label("Hostname") for s in parse(many.render().body.decode())}
-
-
-@pytest.fixture(autouse=True)
-def restore_signals() -> Iterator[None]:
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    yield
-    for s, handler in saved.items():
-        signal.signal(s, handler)
 
 
 @pytest.fixture
