@@ -154,7 +154,7 @@ def _only(value: object, keys: Iterable[str]) -> dict[str, Any]:
 
 
 def _label_text(value: object) -> str | None:
-    """A label or annotation value as the API holds it, a string. A file may hold YAML's
+    """A label value as the API holds it, a string. A file may hold YAML's
     `true` or `8` unquoted (kubectl would refuse it): read as the text it stands for. Anything
     else (a list, null, a float) is no value: as if the key were not there."""
     if isinstance(value, str):
@@ -504,7 +504,8 @@ def _mig_devices(
     `gpu_instance_id`. So a mapped id is taken only where the driver could give it to that
     profile at that placement, in either orientation; the others are derived from the placement
     in the orientation the taken ones show (the model's where they show none). A GPU has one
-    orientation, so its ids are distinct; where the mapped ones mix both, none is taken.
+    orientation, so its ids are distinct; where the taken ones mix both and two instances would
+    get one id, none is taken.
     """
     wanted = tuple(wanted)
     if {pos for (gpu, pos) in mapping if gpu == gpu_index} != {pos for pos, _ in wanted}:
