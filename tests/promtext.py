@@ -32,6 +32,9 @@ class Series:
 
 
 def parse(text: str) -> list[Series]:
+    """The samples of an exposition Prometheus would take whole: it parses (prometheus_client),
+    and no two samples have one name and label set (Prometheus rejects the scrape's duplicates).
+    Every test that reads an exposition through here checks both."""
     list(text_string_to_metric_families(text))  # raises on anything Prometheus would reject
     out = []
     for line in text.splitlines():
@@ -40,6 +43,8 @@ def parse(text: str) -> list[Series]:
         m = _LINE.match(line)
         assert m, f"not a sample line: {line!r}"
         out.append(Series(m["name"], tuple(_LABEL.findall(m["labels"])), float(m["value"])))
+    twice = duplicates(out)
+    assert not twice, f"{len(twice)} duplicate sample(s), the first: {twice[0]}"
     return out
 
 
