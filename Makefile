@@ -21,6 +21,7 @@ lint: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 test: $(VENV)/.installed lint
 	./scripts/install-test-tools

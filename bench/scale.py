@@ -62,7 +62,6 @@ from prometheus_client.core import GaugeMetricFamily
 
 from exporter import dcgm
 from exporter.many import NodesExporter
-from exporter.server import MetricsServer, Published
 from kube.api import list_all
 from status_updater import reconcile as rc
 from status_updater.pernode import CONFIGMAP_LIMIT, digest
@@ -70,6 +69,7 @@ from status_updater.state import ClusterState, reconcile
 from status_updater.usage import ANNOTATION_FB_USED
 from topology import configmap as contract
 from topology.model import NodeTopology, Topology, dump_yaml
+from web.server import MetricsServer, Published
 
 LAYOUT = {0: "2g.10gb", 4: "1g.5gb", 5: "1g.5gb", 6: "1g.5gb"}  # 4 instances per GPU
 NAMESPACE = "gpu-operator"

@@ -14,19 +14,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+from common.process import CLUSTER_ENVIRONMENT, not_utf8
 from exporter import dcgm, nvml
 from exporter.collector import DEFAULT_INTERVAL_MS, NvmlExporter
 from exporter.fields import CountersError, read_counters
 from exporter.many import NodesExporter
-from exporter.server import MetricsServer, Published
 from exporter.service import Exporter, Sink, follow_file, read_topology_file
 from exporter.source import missing_node, node_of
-from exporter.webconfig import WebConfigError, load
-from kube.api import add_layout_argument, port, topology_name, topology_namespace
-from kube.process import CLUSTER_ENVIRONMENT, not_utf8
+from kube.api import port
 from topology.configmap import node_configmap_name
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
+from topology.settings import add_layout_argument, topology_name, topology_namespace
+from web.config import WebConfigError, load
+from web.server import MetricsServer, Published
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 log = logging.getLogger("exporter")

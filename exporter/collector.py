@@ -15,13 +15,13 @@ import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
+from common.selfmetrics import InvalidObjects, kind_of
 from exporter import dcgm, nvml
-from exporter.server import Published, Snapshot
 from exporter.service import wait_for_work
 from exporter.source import missing_node, node_of
-from kube.selfmetrics import InvalidObjects, kind_of
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
+from web.server import Published, Snapshot
 
 log = logging.getLogger("exporter")
 DEFAULT_INTERVAL_MS = 30_000  # dcgm-exporter's default collect interval

@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from kube.files import UnreadableFile, read_text
+from common.files import UnreadableFile, read_text
 
 log = logging.getLogger("exporter")
 

@@ -23,13 +23,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from common.selfmetrics import InvalidObjects, kind_of
 from exporter import dcgm
-from exporter.server import Published, Snapshot
 from exporter.service import wait_for_work
 from exporter.source import node_of
-from kube.selfmetrics import InvalidObjects, kind_of
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
+from web.server import Published, Snapshot
 
 log = logging.getLogger("exporter")
 _START = "start"

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from common.text import one_line
 from exporter import dcgm
 from exporter.fields import EMPTY, GPU, MIG
 from exporter.readings import Reading
-from topology.errors import one_line
 from topology.model import MigDevice, NodeTopology
 
 MIB = 1 << 20

@@ -9,14 +9,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from common.files import UnreadableFile, read_text
+from common.selfmetrics import InvalidObjects, kind_of
 from exporter import dcgm
-from exporter.server import Published, Snapshot
 from exporter.source import missing_node, node_of
-from kube.files import UnreadableFile, read_text
-from kube.selfmetrics import InvalidObjects, kind_of
 from topology.configmap import parse_document
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
+from web.server import Published, Snapshot
 
 log = logging.getLogger("exporter")
 

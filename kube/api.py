@@ -22,8 +22,7 @@ import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from topology import configmap as contract
-from topology.errors import one_line
+from common.text import one_line
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -33,36 +32,6 @@ LIST_PAGE = (
     500  # objects per list page, as client-go's pager: a big list never sits whole in memory
 )
 TRANSIENT = (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)
-
-
-# --- where the topology lives: the settings both daemons read ------------------------------------
-
-
-def topology_namespace() -> str:
-    return os.environ.get("TOPOLOGY_CM_NAMESPACE") or contract.DEFAULT_NAMESPACE
-
-
-def topology_name() -> str:
-    """The single layout's ConfigMap."""
-    return os.environ.get("TOPOLOGY_CM_NAME") or contract.DEFAULT_NAME
-
-
-def _layout(text: str) -> str:
-    if text not in contract.LAYOUTS:
-        raise argparse.ArgumentTypeError(
-            f"expected {' or '.join(contract.LAYOUTS)}, got {text!r} (flag or TOPOLOGY_LAYOUT)"
-        )
-    return text
-
-
-def add_layout_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--layout",
-        type=_layout,  # argparse converts a string default too: a bad environment is an error
-        default=os.environ.get("TOPOLOGY_LAYOUT") or contract.DEFAULT_LAYOUT,
-        help="per-node: a ConfigMap topology-<node> per GPU node; single: one ConfigMap "
-        "TOPOLOGY_CM_NAME with every node (env TOPOLOGY_LAYOUT, default %(default)s)",
-    )
 
 
 def port(text: str) -> int:

@@ -1,4 +1,4 @@
-from kube.process import exit_now
+from common.process import exit_now
 from status_updater.cli import main
 
 exit_now(main())

@@ -11,16 +11,18 @@ from typing import Any
 
 import yaml
 
-from kube.api import add_layout_argument, port, topology_name, topology_namespace
-from kube.files import UnreadableFile, read_text
-from kube.process import CLUSTER_ENVIRONMENT, not_utf8
+from common.files import UnreadableFile, read_text
+from common.process import CLUSTER_ENVIRONMENT, not_utf8
+from common.yamlload import SafeDumper
+from kube.api import port
 from status_updater.objects import InputError, load_objects
 from status_updater.reconcile import document
 from status_updater.state import ClusterState
 from topology import configmap as contract
 from topology import migparted
 from topology.errors import TopologyError
-from topology.model import NodeTopology, SafeDumper, dump_yaml
+from topology.model import NodeTopology, dump_yaml
+from topology.settings import add_layout_argument, topology_name, topology_namespace
 
 EXIT_OK, EXIT_USAGE = 0, 2
 # Every variable the updater reads: one that is not UTF-8 is refused at the start.

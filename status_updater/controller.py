@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import kubernetes
 
+from common.selfmetrics import InvalidObjects, kind_of
 from kube.api import Backoff, Obj, describe, list_watch
-from kube.selfmetrics import InvalidObjects, kind_of
 from status_updater import reconcile as rc
 from status_updater.state import ClusterState
 from topology import migparted

@@ -9,12 +9,13 @@ import threading
 
 import kubernetes
 
-from exporter.server import MetricsServer, Published, Snapshot
-from kube.api import ConfigError, api_client, topology_name, topology_namespace
+from kube.api import ConfigError, api_client
 from status_updater.controller import SOURCES, Controller, Writer
 from status_updater.leader import LeaderElector
 from status_updater.pernode import PerNodeWriter
 from status_updater.single import SingleWriter
+from topology.settings import topology_name, topology_namespace
+from web.server import MetricsServer, Published, Snapshot
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
 WATCHDOG_S = 1.0  # how often the main thread checks that every loop still runs

@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from topology.errors import one_line
-from topology.model import load_documents, load_json
+from common.text import one_line
+from common.yamlload import load_documents, load_json
 
 SUFFIXES = (".yaml", ".yml", ".json")
 

@@ -14,7 +14,6 @@ from freezegun import freeze_time
 from promtext import by_name, parse
 
 from exporter import dcgm
-from exporter.server import IOV_MAX, Published, Snapshot, send_all
 from exporter.service import Exporter
 from topology.model import (
     AllocatedBy,
@@ -26,6 +25,7 @@ from topology.model import (
     Utilization,
     load_yaml,
 )
+from web.server import IOV_MAX, Published, Snapshot, send_all
 
 MIG = load_yaml(
     yaml.safe_load((SAMPLES / "topology" / "a100-40gb-active.yaml").read_text())["data"][

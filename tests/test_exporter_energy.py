@@ -16,8 +16,8 @@ from test_exporter import MIG, whole_gpu
 from exporter import dcgm
 from exporter.many import NodesExporter
 from exporter.readings import BOOT_EPOCH_S, EnergyMeter
-from exporter.server import Published
 from topology.model import Topology
+from web.server import Published
 
 ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
 START = BOOT_EPOCH_S + 400 * 86_400.0

@@ -27,11 +27,11 @@ from test_serve import restore_signals, serve  # noqa: F401 (restore_signals: au
 
 from exporter import dcgm
 from exporter.many import NodesExporter
-from exporter.server import Published
 from exporter.watch import watch_node_configmaps, watch_selected_nodes
 from kube import api
 from topology.configmap import node_configmap
 from topology.model import Topology, dump_yaml
+from web.server import Published
 
 NS = "gpu-operator"
 (NODE,) = MIG.nodes

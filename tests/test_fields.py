@@ -24,13 +24,7 @@ from exporter.fields import FIELDS, Counters, parse_counters, read_counters
 from exporter.readings import EnergyMeter
 from topology.catalog import model_for_product
 from topology.configmap import parse_document
-from topology.model import (
-    AllocatedBy,
-    DeviceStatus,
-    NodeTopology,
-    PodUsage,
-    Utilization,
-)
+from topology.model import AllocatedBy, DeviceStatus, NodeTopology, PodUsage, Utilization
 
 SAMPLE = SAMPLES / "topology" / "a100-40gb-active.yaml"
 NODE = "qa-mig-worker-gpu-a100"

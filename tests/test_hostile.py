@@ -26,20 +26,14 @@ from test_reconcile import REAL_NODE, after_one_ended, gpu_pod, whole_gpu_node
 from test_static import pod as static_pod
 from test_static import static_node
 
+from common.yamlload import flow_depth_exceeds, load_document
 from exporter import dcgm
 from exporter.source import node_of
 from status_updater import reconcile as rc
 from status_updater.state import ClusterState, Unreadable
 from topology import yamltext
 from topology.errors import TopologyError
-from topology.model import (
-    NodeTopology,
-    Topology,
-    dump_yaml,
-    flow_depth_exceeds,
-    load_document,
-    load_yaml,
-)
+from topology.model import NodeTopology, Topology, dump_yaml, load_yaml
 
 OPTIONS = dcgm.Options(hostname="h", driver_version="520.56.06", counters=dcgm.default_counters())
 NOW = 1_790_000_000.0

@@ -23,11 +23,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_hostile import NODES, PODS
 
+from common.yamlload import load_document, load_json
 from status_updater import reconcile as rc
 from topology import migparted, runai
 from topology.configmap import parse_document
 from topology.errors import TopologyError
-from topology.model import MAX_INTEGER, from_dict, load_document, load_json
+from topology.model import MAX_INTEGER, from_dict
 
 # What a document may hold in place of any of its parts.
 scalars = (

@@ -14,9 +14,9 @@ from test_exporter import MIG, whole_gpu
 from exporter import dcgm
 from exporter.fields import Counters, parse_counters
 from exporter.many import NodesExporter
-from exporter.server import Published
 from topology.errors import TopologyError
 from topology.model import MigDevice, Topology
+from web.server import Published
 
 MIG_NODE = next(iter(MIG.nodes))
 

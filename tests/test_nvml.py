@@ -48,12 +48,12 @@ from exporter import cli, dcgm, nvml
 from exporter.cli import parser
 from exporter.collector import NvmlExporter
 from exporter.fields import parse_counters
-from exporter.server import MetricsServer, Published
 from status_updater.state import reconcile
 from topology.catalog import model_for_product
 from topology.configmap import parse_document
 from topology.errors import TopologyError
 from topology.model import Topology
+from web.server import MetricsServer, Published
 
 FAKENVML = Path(__file__).with_name("fakenvml.py")
 SAMPLE_NODE = "qa-mig-worker-gpu-a100"

@@ -20,7 +20,6 @@ from test_reconcile import REAL_NODE, gpu_pod, whole_gpu_node
 
 from exporter import dcgm
 from exporter.many import NodesExporter
-from exporter.server import MetricsServer, Published
 from exporter.service import Exporter
 from status_updater import cli as updater_cli
 from status_updater import daemon
@@ -28,6 +27,7 @@ from status_updater import reconcile as rc
 from status_updater.controller import Controller
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
+from web.server import MetricsServer, Published
 
 NODE = next(iter(MIG.nodes))
 BAD_CM = TopologyError("ConfigMap gpu-operator/topology-x", "data[topology.yml]", "is missing")

@@ -22,7 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubeapi import eventually
 
-from exporter.server import (
+from web.config import WebConfig, load
+from web.server import (
     CONTENT_TYPE,
     MAX_HEAD_BYTES,
     HeadTooLarge,
@@ -32,7 +33,6 @@ from exporter.server import (
     Snapshot,
     read_head,
 )
-from exporter.webconfig import WebConfig, load
 
 SNAPSHOT = Snapshot((b"metric_a 1\n", b"metric_b 2\n"), True, "ok", b"own_total 3\n")
 BODY = b"metric_a 1\nmetric_b 2\nown_total 3\n"

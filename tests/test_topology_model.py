@@ -10,8 +10,9 @@ from conftest import SAMPLES
 from hypothesis import given
 from hypothesis import strategies as st
 
+from common.text import one_line
 from topology import yamltext
-from topology.errors import TopologyError, one_line
+from topology.errors import TopologyError
 from topology.model import (
     AllocatedBy,
     DeviceStatus,

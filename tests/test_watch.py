@@ -20,11 +20,11 @@ from test_exporter import MIG
 
 from exporter import dcgm
 from exporter.many import NodesExporter
-from exporter.server import Published
 from exporter.service import Exporter
 from exporter.watch import watch_configmap, watch_node_configmaps, watch_selected_nodes
 from topology.configmap import configmap, node_configmap
 from topology.model import Topology, dump_yaml
+from web.server import Published
 
 NS = "gpu-operator"
 (NODE,) = MIG.nodes

@@ -29,8 +29,9 @@ import trustme
 from conftest import ROOT, SAMPLES
 from kubeapi import eventually
 
-from exporter import webconfig
-from exporter.server import (
+from web import config as webconfig
+from web.config import BasicAuth, WebConfig, WebConfigError, load
+from web.server import (
     CONTENT_TYPE,
     MAX_HEAD_BYTES,
     TLS_CHUNK_BYTES,
@@ -39,7 +40,6 @@ from exporter.server import (
     Published,
     Snapshot,
 )
-from exporter.webconfig import BasicAuth, WebConfig, WebConfigError, load
 
 NODE = "qa-mig-worker-gpu-a100"
 TOPOLOGY = SAMPLES / "topology" / "a100-40gb-active.yaml"

@@ -12,10 +12,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from kube.files import UnreadableFile, read_text
-from kube.process import not_utf8
+from common.files import UnreadableFile, read_text
+from common.process import not_utf8
+from common.text import one_line
 from topology.configmap import parse_document
-from topology.errors import TopologyError, one_line
+from topology.errors import TopologyError
 from topology.show import picture
 
 PROG = "python -m topology"

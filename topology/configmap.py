@@ -23,8 +23,10 @@ from typing import Any
 
 import yaml
 
-from topology.errors import TopologyError, one_line
-from topology.model import Topology, from_dict, load_document
+from common.text import one_line
+from common.yamlload import load_document
+from topology.errors import TopologyError
+from topology.model import Topology, from_dict
 
 DATA_KEY = "topology.yml"
 DEFAULT_NAME = "topology"  # the single layout's ConfigMap

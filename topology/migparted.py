@@ -30,9 +30,10 @@ from typing import TypeVar
 
 import yaml
 
+from common.text import one_line
+from common.yamlload import load_document
 from topology.catalog import MODELS, GpuModel, Profile, balanced
-from topology.errors import TopologyError, one_line
-from topology.model import load_document
+from topology.errors import TopologyError
 
 LABEL_CONFIG = "nvidia.com/mig.config"
 DATA_KEY = "config.yaml"

@@ -15,10 +15,11 @@ from typing import Any
 
 import yaml
 
+from common.text import one_line
+from common.yamlload import load_document, load_json
 from topology import migparted
 from topology.catalog import base_product
-from topology.errors import TopologyError, one_line
-from topology.model import load_document, load_json
+from topology.errors import TopologyError
 
 LABEL_DYNAMIC_MIG = "node-role.kubernetes.io/runai-dynamic-mig"
 LABEL_MIG_ENABLED = "node-role.kubernetes.io/runai-mig-enabled"

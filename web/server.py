@@ -6,7 +6,7 @@ The server answers those two paths to GET and HEAD and nothing else, in origin-f
 (`GET /metrics`) or absolute-form (`GET http://host:9400/metrics`), and bounds what a client can
 make it hold: connections at once, the size of a request's head and the time to send it, the time
 a whole response may take, and the memory that responses still sending old snapshots keep alive.
-Bodies are never read. With a web config (exporter/webconfig.py) it speaks TLS, checks client
+Bodies are never read. With a web config (web/config.py) it speaks TLS, checks client
 certificates or basic auth, and adds the configured headers.
 """
 
@@ -30,8 +30,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from exporter.webconfig import BasicAuth, WebConfig, server_context
-from topology.errors import one_line
+from common.text import one_line
+from web.config import BasicAuth, WebConfig, server_context
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
