@@ -25,3 +25,8 @@ def printable(text: str, limit: int = MAX_PART) -> str:
 def one_line(e: BaseException) -> str:
     """A library's message (YAML errors span lines) folded onto one line."""
     return " ".join(str(e).split())
+
+
+def kind_of(value: object) -> str:
+    """What a value is, for a message: `nothing` for null, else its type (`int`, `list`)."""
+    return "nothing" if value is None else type(value).__name__

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from common.text import one_line
+from common.text import kind_of, one_line
 from common.yamlload import load_documents, load_json
 
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -69,14 +69,14 @@ def _objects(
     elif isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List"):
         found = doc.get("items")
         if found is not None and not isinstance(found, list):
-            skipped.append(f"{where}: items: expected a list of objects, got {_kind(found)}")
+            skipped.append(f"{where}: items: expected a list of objects, got {kind_of(found)}")
             return
         items = [(f"{where}: items[{i}]", item) for i, item in enumerate(found or ())]
     else:
         items = [(where, doc)]
     for at, item in items:
         if not isinstance(item, dict):
-            skipped.append(f"{at}: expected a Node or a Pod, got {_kind(item)}: skipped")
+            skipped.append(f"{at}: expected a Node or a Pod, got {kind_of(item)}: skipped")
             continue
         kind = item.get("kind", default_kind)
         # Kinds are case-sensitive in the API, but what a hand-written `kind: node` means is clear.
@@ -88,7 +88,3 @@ def _objects(
 
 
 KINDS = {"node": "Node", "pod": "Pod"}
-
-
-def _kind(value: object) -> str:
-    return "nothing" if value is None else type(value).__name__

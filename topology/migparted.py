@@ -30,7 +30,7 @@ from typing import TypeVar
 
 import yaml
 
-from common.text import one_line
+from common.text import kind_of, one_line
 from common.yamlload import load_document
 from topology.catalog import MODELS, GpuModel, Profile, balanced
 from topology.errors import TopologyError
@@ -80,12 +80,12 @@ def entries(
 ) -> tuple[Entry, ...]:
     """A layout's list of entries; `mig_devices` reads the entries' `mig-devices`."""
     if not isinstance(value, list):
-        raise TopologyError(obj, field, f"expected a list of entries, got {_kind(value)}")
+        raise TopologyError(obj, field, f"expected a list of entries, got {kind_of(value)}")
     found = []
     for i, item in enumerate(value):
         where = f"{field}[{i}]"
         if not isinstance(item, dict):
-            raise TopologyError(obj, where, f"expected a mapping, got {_kind(item)}")
+            raise TopologyError(obj, where, f"expected a mapping, got {kind_of(item)}")
         on = item.get("mig-enabled", False)
         if not isinstance(on, bool):
             raise TopologyError(obj, f"{where}.mig-enabled", f"expected true or false, got {on!r}")
@@ -102,10 +102,6 @@ def entries(
             )
         )
     return tuple(found)
-
-
-def _kind(value: object) -> str:
-    return "nothing" if value is None else type(value).__name__
 
 
 def _devices(value: object, obj: str, field: str) -> tuple[int, ...] | None:
@@ -178,12 +174,12 @@ def from_document(doc: object, obj: str, field: str) -> dict[str, tuple[Entry, .
         return f"{field}.{key}" if field else key
 
     if not isinstance(doc, dict):
-        raise TopologyError(obj, field or "config", f"expected a mapping, got {_kind(doc)}")
+        raise TopologyError(obj, field or "config", f"expected a mapping, got {kind_of(doc)}")
     if doc.get("version") != "v1":
         raise TopologyError(obj, at("version"), f"expected v1, got {doc.get('version')!r}")
     configs = doc.get("mig-configs")
     if not isinstance(configs, dict):
-        raise TopologyError(obj, at("mig-configs"), f"expected a mapping, got {_kind(configs)}")
+        raise TopologyError(obj, at("mig-configs"), f"expected a mapping, got {kind_of(configs)}")
     if len(configs) > MAX_LAYOUTS:
         raise TopologyError(obj, at("mig-configs"), f"more than {MAX_LAYOUTS} layouts")
     return {

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from common.text import one_line
+from common.text import kind_of, one_line
 from common.yamlload import load_document
 from topology import yamltext
 from topology.errors import TopologyError
@@ -263,7 +263,9 @@ class _Reader:
 
     def __init__(self, data: object, where: str, obj: str) -> None:
         if not isinstance(data, Mapping):
-            raise TopologyError(obj, where or "topology", f"expected a mapping, got {_kind(data)}")
+            raise TopologyError(
+                obj, where or "topology", f"expected a mapping, got {kind_of(data)}"
+            )
         self.data: Mapping[str, Any] = data
         self.where = where
         self.obj = obj
@@ -312,7 +314,7 @@ class _Reader:
     def items(self, key: str) -> list[_Reader]:
         value = self.raw(key)
         if not isinstance(value, list):
-            raise self.error(key, f"expected a list, got {_kind(value)}")
+            raise self.error(key, f"expected a list, got {kind_of(value)}")
         return [_Reader(item, f"{self._path(key)}[{i}]", self.obj) for i, item in enumerate(value)]
 
 
@@ -322,10 +324,6 @@ def _short(value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INTEGER:
         return f"a {len(str(abs(value))) if abs(value) < 10**4000 else 'many'}-digit number"
     return repr(value)
-
-
-def _kind(value: object) -> str:
-    return "nothing" if value is None else type(value).__name__
 
 
 def _status_from(r: _Reader) -> DeviceStatus:
