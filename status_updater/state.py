@@ -107,6 +107,9 @@ class ClusterState:
         self._claims: dict[str, str | set[str]] = {}
         self._node_ids: dict[str, frozenset[str]] = {}
         self._id_warnings: dict[str, list[TopologyError]] = {}  # ids a pod claimed wrongly
+        # The ids each node's own objects give (`_own_ids`), computed once per build: the id rule
+        # asks for them for every claimant of every id claimed twice.
+        self._own: dict[str, frozenset[str]] = {}
         self._strategies: Counter[str | None] = Counter()
         self._rebuild: set[str] = set()  # Node changed: devices and allocations
         self._stale: set[str] = set()  # Pods changed: allocations
@@ -158,6 +161,7 @@ class ClusterState:
         if old is not None:
             self._strategies[rc.node_strategy(old)] -= 1
             self._built.pop(name, None)
+            self._own.pop(name, None)
             self._rebuild.add(name)
 
     def set_pod(self, pod: rc.Obj, *, slimmed: bool = False) -> None:
@@ -215,6 +219,7 @@ class ClusterState:
         rebuilt = set(self._rebuild)  # a Node change counts even if its devices stay the same
         touched = rebuilt | self._stale
         for name in rebuilt:
+            self._own.pop(name, None)
             if name in self.nodes:
                 found: list[TopologyError] = []
                 try:
@@ -320,8 +325,11 @@ class ClusterState:
 
     def _own_ids(self, name: str) -> frozenset[str]:
         """The ids a node's own objects give its devices (before any pod's annotation)."""
-        built = self._built.get(name)
-        return _id_set(built[0]) if isinstance(built, tuple) else frozenset()
+        own = self._own.get(name)
+        if own is None:
+            built = self._built.get(name)
+            own = self._own[name] = _id_set(built[0]) if isinstance(built, tuple) else frozenset()
+        return own
 
     def _owner(self, uid: str) -> str:
         """Of the nodes claiming an id, the one that keeps it: one whose own objects give it

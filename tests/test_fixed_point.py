@@ -295,3 +295,22 @@ def test_a_pod_naming_another_node_s_device_harms_no_one_but_itself(
             [f"pod team/b{position}: metadata.annotations[runai-mig-device].deviceUUID: {uuid} "
              f"is a device of node {owner}: the claim is ignored"] if foreign else []
         )  # fmt: skip
+
+
+def test_a_node_that_stops_giving_an_id_no_longer_keeps_it_from_its_owner() -> None:
+    """b (older) copied a's mapping, so a was the bad node; b's mapping goes and a pod on b
+    names a's device: the id is a's own again, and only the pod's claim is ignored."""
+    a = runai_node("a", "2026-01-01T00:00:00Z", mapped=True)
+    b = copy.deepcopy(a)
+    b["metadata"] |= {"name": "b", "uid": "uid-b", "creationTimestamp": "2025-01-01T00:00:00Z"}
+    state = ClusterState.of([a, b], [])
+    assert isinstance(state.results["b"], NodeTopology)
+    assert not isinstance(state.results["a"], NodeTopology)
+    state.set_node(runai_node("b", "2025-01-01T00:00:00Z", mapped=False))
+    state.set_pod(mig_pod("b0", "b", 0, "MIG-a-0"))
+    state.settle()
+    assert isinstance(state.results["a"], NodeTopology)
+    assert [str(w) for w in state.node_warnings("b")] == [
+        "pod team/b0: metadata.annotations[runai-mig-device].deviceUUID: MIG-a-0 is a device "
+        "of node a: the claim is ignored"
+    ]
