@@ -245,10 +245,11 @@ def may_hold_gpu(pod: Obj) -> bool:
     Only these are kept: on a real cluster most pods never touch a GPU.
     """
     annotations = _strings(_meta(pod).get("annotations"))
+    # A request for no device (`0`) holds nothing; any other, odd ones included, is kept: an
+    # odd one to be said.
     return holds_gpu(pod) and (
         runai.ANNOTATION_POD_MIG_DEVICE in annotations
-        or any(requests(pod))
-        or any(odd_requests(pod))
+        or any(_count(value) != 0 for *_, value in _gpu_limits(pod))
     )
 
 
