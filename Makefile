@@ -28,22 +28,22 @@ test: $(VENV)/.installed lint
 	$(PY) -m pytest
 
 # Exploration, which `make test` leaves out: the tests marked slow (many long fault sequences from
-# random seeds against the updater, tests/test_faults.py) and every generated test with new random
+# random seeds against the updater, tests/live/test_faults.py) and every generated test with new random
 # examples, ten times as many (minutes). A failing seed or example joins the fixed set once fixed.
 test-slow: $(VENV)/.installed
 	HYPOTHESIS_PROFILE=explore $(PY) -m pytest -m ''
 
 # The scale benchmark at full size (minutes; see BENCHMARKS.md). Not part of `make test`:
-# tests/test_bench.py runs it at a tiny size only.
+# tests/live/test_bench.py runs it at a tiny size only.
 bench: $(VENV)/.installed
-	$(PY) bench/scale.py --nodes 5000 --gpus 8 --runs 3 --events 2000 --rate 200 --exporter-nodes 1000
-	$(PY) bench/events.py --nodes 5000
+	$(PY) -m bench.scale --nodes 5000 --gpus 8 --runs 3 --events 2000 --rate 200 --exporter-nodes 1000
+	$(PY) -m bench.events --nodes 5000
 
 # Both daemons as real processes under 10 minutes of churn against the API emulator: RSS at the
-# start and end, verdict FAIL (exit 1) if it grows (see BENCHMARKS.md). tests/test_soak.py runs it
+# start and end, verdict FAIL (exit 1) if it grows (see BENCHMARKS.md). tests/live/test_soak.py runs it
 # for 18 s only.
 soak: $(VENV)/.installed
-	$(PY) bench/soak.py --minutes 10
+	$(PY) -m bench.soak --minutes 10
 
 # Mutation testing (hours for everything on 2 cores: see tests/README.md for the method and the
 # recorded results). MUTANTS narrows it, e.g. make mutation MUTANTS='status_updater.state*'.

@@ -1,6 +1,6 @@
 """Pod events alone: the latency distribution in a process that holds only the updater's state.
 
-    .venv/bin/python bench/events.py [--nodes 5000]
+    .venv/bin/python -m bench.events [--nodes 5000]
 
 bench/scale.py measures the same events after three runs of both sync paths; this is the focused
 view, paced twice at 200/s and once unpaced, with p90/p95 and how many events passed 5 ms.
@@ -10,13 +10,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import scale
+from bench import scale
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """The status-updater and the many-nodes exporter at the planned scale, beside the old ways.
 
-    .venv/bin/python bench/scale.py [--nodes 5000] [--gpus 8] [--runs 3] [--events 2000]
+    .venv/bin/python -m bench.scale [--nodes 5000] [--gpus 8] [--runs 3] [--events 2000]
                                     [--rate 200] [--exporter-nodes 1000]
 
 The cluster: A100-40GB dynamic-MIG nodes with --gpus GPUs of 4 instances each, every instance held
@@ -25,7 +25,7 @@ by a Running pod (5,000 nodes: 160,000 pods). One run prints one line per figure
    `MetricsServer` beside prometheus_client serving a collector that builds the families of every
    node on each scrape (p50, p99 of --scrapes, loopback).
 
-Benchmarks are not timed tests: `tests/test_bench.py` runs a tiny size and only checks that every
+Benchmarks are not timed tests: `tests/live/test_bench.py` runs a tiny size and only checks that every
 figure is printed. Lines saying "not a figure" only tell where the time went (garbage collection,
 the kinds of pod event).
 """
@@ -50,11 +50,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import partial
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypeVar
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml
 from prometheus_client import CollectorRegistry, start_http_server

@@ -1,6 +1,6 @@
 """A pod asking for more replicas than a time-sliced node has: how long placing it takes.
 
-    .venv/bin/python bench/shared.py [--gpus 8] [--replicas 64 256 1024] [--runs 5]
+    .venv/bin/python -m bench.shared [--gpus 8] [--replicas 64 256 1024] [--runs 5]
 
 One pod on one node of `--gpus` whole GPUs, each time-sliced `--replicas` ways (1024 is the most
 a label may say), asking for one replica more than the node has: every replica is considered and

@@ -1,12 +1,12 @@
 """A soak: both daemons as real processes under minutes of cluster churn; memory must not grow.
 
-    .venv/bin/python bench/soak.py [--minutes 10] [--nodes 20] [--gpus 8] [--max-pods 40]
+    .venv/bin/python -m bench.soak [--minutes 10] [--nodes 20] [--gpus 8] [--max-pods 40]
                                    [--rate 5] [--warmup 60]
 
-The API is tests/kubeapi.py's strict emulator, in this process. On it run the status updater
+The API is tests/support/kubeapi.py's strict emulator, in this process. On it run the status updater
 (`python -m status_updater run`, per-node layout), one `--all-nodes` exporter and one exporter of
-a single node, as tests/test_live.py starts them. The cluster: --nodes A100-40GB dynamic-MIG nodes
-of --gpus GPUs, as tests/test_live_scale.py makes them. Then, for --minutes, at --rate operations a
+a single node, as tests/live/test_live.py starts them. The cluster: --nodes A100-40GB dynamic-MIG nodes
+of --gpus GPUs, as tests/live/test_live_scale.py makes them. Then, for --minutes, at --rate operations a
 second, one of:
 
 - a pod created that holds a free MIG instance (run:ai's `runai-mig-device` annotation), while
@@ -54,10 +54,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the API emulator
-
 import yaml
-from kubeapi import KubeAPI
+
+from tests.support.kubeapi import KubeAPI
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,7 +7,7 @@ repository root, regenerate it with either of
     python grafana/dashboard.py
 
 (`grafana-foundation-sdk` comes with the test extras), and commit both files:
-tests/test_dashboard.py fails while they disagree.
+tests/deploy/test_dashboard.py fails while they disagree.
 
 Import it in Grafana with Dashboards > New > Import > Upload dashboard JSON file, or provision the
 file from a ConfigMap. Pick the Prometheus data source in the `datasource` variable; every panel and

@@ -52,11 +52,11 @@ MUTMUT = [sys.executable, "-m", "mutmut"]
 # Quick tests of the whole pipeline, run right after the mutant's own module's when a survivor is
 # judged again: most mutants they catch, they catch in seconds.
 BROAD = (
-    "test_golden.py",
-    "test_reconcile.py",
-    "test_static.py",
-    "test_exporter.py",
-    "test_sharing.py",
+    "tests/pipeline/test_golden.py",
+    "tests/status_updater/test_reconcile.py",
+    "tests/status_updater/test_static.py",
+    "tests/exporter/test_exporter.py",
+    "tests/status_updater/test_sharing.py",
 )
 
 
@@ -74,18 +74,20 @@ class Suite:
     """The unit suite as mutmut's configuration selects it, read once: its files in name order,
     the text of each (to find the ones naming a function), and pytest's other options."""
 
-    files: dict[str, str]  # tests/test_x.py -> its text
+    files: dict[str, str]  # tests/<room>/test_x.py -> its text
     options: list[str]
 
     @classmethod
     def read(cls, root: Path) -> Suite:
         selection = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mutmut"]
         args: list[str] = selection["pytest_add_cli_args_test_selection"]
-        ignored = {a.removeprefix("--ignore=") for a in args if a.startswith("--ignore=")}
+        ignored = tuple(a.removeprefix("--ignore=") for a in args if a.startswith("--ignore="))
+        mutants = root / "mutants"
+        found = sorted((mutants / "tests").rglob("test_*.py"), key=lambda p: p.name)
         files = {
-            f"tests/{p.name}": p.read_text()
-            for p in sorted((root / "mutants" / "tests").glob("test_*.py"))
-            if f"tests/{p.name}" not in ignored
+            name: p.read_text()
+            for p in found
+            if not (name := p.relative_to(mutants).as_posix()).startswith(ignored)
         }
         options = [a for a in args if a != "tests/" and not a.startswith("--ignore=")]
         return cls(files, options)
@@ -97,9 +99,9 @@ class Suite:
         module = name.split(".")[1].strip("_")  # topology.catalog.x__p__mutmut_30 -> catalog
         function = name.split(".")[2].split("__mutmut_")[0].removeprefix("x_").removeprefix("xǁ")
         word = function.split("ǁ")[0].strip("_")  # xǁLeaderElectorǁrelease -> LeaderElector
-        named = [f for f in self.files if module and module in f.removeprefix("tests/test_")]
+        named = [f for f in self.files if module and module in f.rsplit("/test_", 1)[1]]
         naming = [f for f, text in self.files.items() if word and word in text]
-        broad = [f"tests/{t}" for t in BROAD if f"tests/{t}" in self.files]
+        broad = [t for t in BROAD if t in self.files]
         return list(dict.fromkeys([*named, *naming, *broad, *self.files]))
 
 

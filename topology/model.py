@@ -174,7 +174,7 @@ def dump_yaml(topology: Topology) -> str:
     """The `topology.yml` text, in PyYAML's block layout.
 
     Written straight from the dataclasses, on the updater's per-event path: the same text as
-    `yamltext.dump(to_dict(topology))` (tests/test_topology_model.py proves it for generated
+    `yamltext.dump(to_dict(topology))` (tests/topology/test_topology_model.py proves it for generated
     topologies), several times faster than walking the tree, and many times faster than PyYAML.
     """
     q = yamltext.scalar

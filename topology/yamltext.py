@@ -3,7 +3,7 @@
 PyYAML's representer is pure Python even with libyaml: one fully allocated 8-GPU node took 4.5 ms
 to dump, more than the updater's whole per-event budget (bench/scale.py). The topology is a plain
 tree, so this writes it directly, in the layout PyYAML's block style uses, and lets PyYAML's own
-resolver decide which strings may stay unquoted. `tests/test_yamltext.py` proves that PyYAML loads
+resolver decide which strings may stay unquoted. `tests/topology/test_yamltext.py` proves that PyYAML loads
 back exactly the tree that went in, for generated trees.
 """
 

@@ -1,0 +1,409 @@
+"""The updater's writers, where no API is needed to see what they do."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+
+from bench.scale import cluster
+from kube.api import list_watch
+from status_updater import controller as controller_module
+from status_updater import daemon
+from status_updater import pernode as pernode_module
+from status_updater import reconcile as rc
+from status_updater.controller import LAYOUTS_ATTEMPTS, Controller
+from status_updater.single import SingleWriter, TooLarge
+from status_updater.state import ClusterState, Unreadable, reconcile
+from tests.status_updater.test_reconcile import after_one_ended, gpu_pod, whole_gpu_node
+from tests.status_updater.test_static import pod as static_pod
+from tests.support.kubeapi import KubeAPI, eventually
+from topology.model import NodeTopology, Topology
+
+
+def test_a_topology_over_one_configmap_is_refused_with_the_reason() -> None:
+    topology, _ = reconcile(*cluster(nodes=80, gpus=8))
+    writer = SingleWriter(None, "topology", "gpu-operator")  # type: ignore[arg-type]
+    with pytest.raises(TooLarge) as e:
+        writer.write(topology)  # refused before any API call
+    message = str(e.value)
+    assert message.startswith("ConfigMap gpu-operator/topology: topology.yml for 80 nodes is 1.")
+    assert message.endswith(
+        "MiB, over the 1 MiB a ConfigMap holds; not written; use --layout per-node"
+    )
+
+
+def test_a_sync_over_one_configmap_says_so_and_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    writer = SingleWriter(None, "topology", "gpu-operator")  # type: ignore[arg-type]
+    writer.written = Topology()  # as read from the ConfigMap: no API call here
+    writer.sync(ClusterState.of(*cluster(nodes=80, gpus=8)), set(), False)  # no exception
+    (record,) = caplog.records
+    assert record.levelname == "ERROR" and record.getMessage().startswith(
+        "ConfigMap gpu-operator/topology: topology.yml for 80 nodes is 1."
+    )
+
+
+# ------------------------------------------------- the GPU operator's layouts, in the writer loop
+
+
+class Recorder:
+    """A writer that keeps, per sync, the MIG profiles each changed static node got."""
+
+    what = "recorder"
+
+    def __init__(self, written: dict[str, NodeTopology] | None = None) -> None:
+        self.writes: list[dict[str, list[list[str]] | str]] = []
+        self.written = written or {}  # what the "ConfigMaps" hold
+        self.reads = 0
+        self.fulls: list[bool] = []  # each sync's `full`
+        self.fail = 0  # the next N syncs fail, as an unreachable API makes them
+        self.fail_reads = 0  # the next N reads of what is written fail
+
+    def informers(self, stop: threading.Event, wake: Callable[[], None]) -> list[threading.Thread]:
+        return []
+
+    def ready(self) -> bool:
+        return True
+
+    def has_work(self) -> bool:
+        return False
+
+    def sync(self, state: ClusterState, changed: set[str], full: bool) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionRefusedError(111, "Connection refused")
+        self.fulls.append(full)
+        names = set(state.results) if full else changed
+        self.writes.append({name: _profiles(state.results[name]) for name in names})
+
+    def leading(self, leading: bool) -> None:
+        pass
+
+    def remembered(self) -> dict[str, NodeTopology]:
+        if self.fail_reads:
+            self.fail_reads -= 1
+            raise ConnectionResetError(104, "Connection reset by peer")
+        self.reads += 1
+        return self.written
+
+
+def _profiles(result: NodeTopology | Unreadable) -> list[list[str]] | str:
+    if isinstance(result, Unreadable):
+        return "unreadable"
+    return [[d.name for d in g.mig_devices or ()] for g in result.gpus]
+
+
+STATIC_NODE = {
+    "kind": "Node",
+    "metadata": {
+        "name": "n1",
+        "labels": {
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
+            "nvidia.com/gpu.count": "1",
+            "nvidia.com/mig.strategy": "mixed",
+            "nvidia.com/mig.config": "one-small",
+        },
+    },
+}
+ONE_SMALL = {
+    "metadata": {"name": "default-mig-parted-config"},
+    "data": {
+        "config.yaml": "version: v1\nmig-configs:\n  one-small:\n  - devices: all\n"
+        "    mig-enabled: true\n    mig-devices: {1g.5gb: 1}\n"
+    },
+}
+
+
+@pytest.fixture
+def loop() -> Iterator[tuple[Controller, Recorder]]:
+    writer = Recorder()
+    controller = Controller(None, writer)  # type: ignore[arg-type]  # no API: events are fed
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.run_writer, args=(stop,), daemon=True)
+    thread.start()
+    controller.events.put(("nodes", "RESET", [rc.slim_node(STATIC_NODE)]))
+    controller.events.put(("pods", "RESET", []))
+    controller.dirty.set()
+    yield controller, writer
+    stop.set()
+    controller.dirty.set()
+    thread.join(5)
+
+
+def feed(controller: Controller, kind: str, payload: object) -> None:
+    controller.events.put(("layouts", kind, payload))
+    controller.dirty.set()
+
+
+def test_nothing_is_written_before_the_layouts_are_known(loop: tuple[Controller, Recorder]) -> None:
+    controller, writer = loop
+    time.sleep(0.6)  # nodes and pods listed, several writer turns: the layouts are not
+    assert writer.writes == []
+    feed(controller, "RESET", ONE_SMALL)
+    first = eventually(lambda: writer.writes)[0]
+    assert first == {"n1": [["1g.5gb"]]}  # the ConfigMap's layout, never the built-ins first
+
+
+def test_an_unreadable_configmap_does_not_hold_the_writes(
+    loop: tuple[Controller, Recorder], caplog: pytest.LogCaptureFixture
+) -> None:
+    controller, writer = loop
+    feed(
+        controller, "ERROR", "configmap gpu-operator/default-mig-parted-config: HTTP 403 Forbidden"
+    )
+    # NVIDIA's layouts have no `one-small`: MIG on, no instance, and it says so.
+    assert eventually(lambda: writer.writes)[0] == {"n1": [[]]}
+    assert "HTTP 403 Forbidden: NVIDIA's built-in MIG layouts until it can be read" in caplog.text
+    assert "unknown layout 'one-small'" in caplog.text
+
+
+def test_layouts_follow_the_configmap_and_a_bad_one_keeps_the_last(
+    loop: tuple[Controller, Recorder], caplog: pytest.LogCaptureFixture
+) -> None:
+    controller, writer = loop
+    feed(controller, "RESET", ONE_SMALL)
+    eventually(lambda: writer.writes and writer.writes[-1] == {"n1": [["1g.5gb"]]})
+    bad = {"metadata": ONE_SMALL["metadata"], "data": {"config.yaml": "version: v2\n"}}
+    for _ in range(2):
+        feed(controller, "MODIFIED", bad)
+    time.sleep(0.6)
+    assert writer.writes[-1] == {"n1": [["1g.5gb"]]}  # kept
+    warned = [r for r in caplog.records if "expected v1, got 'v2'" in r.getMessage()]
+    assert len(warned) == 1, "said once"
+    feed(controller, "DELETED", None)  # gone: the built-ins, which lack `one-small`
+    eventually(lambda: writer.writes[-1] == {"n1": [[]]})
+
+
+def test_what_is_said_of_the_layouts_configmap_once_per_content(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    controller = Controller(None, Recorder())  # type: ignore[arg-type]
+    meta = ONE_SMALL["metadata"]
+    for cm in (None, ONE_SMALL, ONE_SMALL, {"metadata": meta, "data": {}},
+               {"metadata": meta, "data": {"config.yaml": "version: v2\n"}}, None):  # fmt: skip
+        controller._set_layouts(cm)
+    ref = "configmap gpu-operator/default-mig-parted-config"
+    assert caplog.messages == [
+        f"{ref} not found: NVIDIA's built-in MIG layouts",
+        f"{ref}: 1 MIG layouts",
+        f"{ref}: data[config.yaml]: is required; keeping the layouts in use",
+        f"{ref}: data[config.yaml].version: expected v1, got 'v2'; keeping the layouts in use",
+        f"{ref} not found: NVIDIA's built-in MIG layouts",
+    ]
+    assert controller.invalid.value("configmap") == 2
+
+
+def test_the_first_write_and_a_takeover_compare_everything_and_failures_are_retried(
+    loop: tuple[Controller, Recorder], caplog: pytest.LogCaptureFixture
+) -> None:
+    controller, writer = loop
+    writer.fail_reads = 1  # reading what is written fails once: retried before any write
+    feed(controller, "RESET", ONE_SMALL)
+    eventually(lambda: writer.fulls == [True])  # the first write compares everything
+    assert writer.reads == 1
+    controller.events.put(("nodes", "MODIFIED", rc.slim_node(STATIC_NODE)))
+    controller.dirty.set()
+    time.sleep(0.6)
+    assert writer.fulls == [True]  # nothing changed: nothing to write
+
+    pod = rc.slim_pod(
+        static_pod("p", "n1", "2026-01-01T00:00:00Z", {"c": {"nvidia.com/mig-1g.5gb": "1"}})
+    )
+    writer.fail = 1
+    controller.events.put(("pods", "ADDED", pod))
+    controller.dirty.set()
+    # The write fails; its retry compares everything, as the failed one may have landed.
+    eventually(lambda: writer.fulls == [True, True])
+    controller.events.put(("pods", "DELETED", pod))
+    controller.dirty.set()
+    eventually(lambda: writer.fulls == [True, True, False])  # a change: its node only
+    controller.became_leader(True)  # the old leader may have written since
+    eventually(lambda: writer.fulls == [True, True, False, True])
+    assert [m for m in caplog.messages if m.endswith("retrying")] == [
+        "recorder: ConnectionResetError: [Errno 104] Connection reset by peer; retrying",
+        "recorder: ConnectionRefusedError: [Errno 111] Connection refused; retrying",
+    ]
+
+
+# ------------------------------------------------- assignments remembered through the ConfigMaps
+
+
+def test_a_restarted_writer_keeps_what_the_configmaps_say_pods_hold() -> None:
+    node, pod = whole_gpu_node("k80", count=2), gpu_pod("b", "k80", 1, "2026-01-02T00:00:00Z")
+    # What a previous process wrote: b on GPU 1 (GPU 0's older pod has ended since).
+    before = after_one_ended(
+        2, [("a", 1, "2026-01-01T00:00:00Z"), ("b", 1, "2026-01-02T00:00:00Z")], ended="a"
+    )
+    writer = Recorder(written=dict(before.topology().nodes))
+    held: list[int] = []
+
+    def sync(state: ClusterState, changed: set[str], full: bool) -> None:
+        result = state.results["k80"]
+        assert isinstance(result, NodeTopology)
+        held.extend(i for i, g in enumerate(result.gpus) if g.status)
+
+    writer.sync = sync  # type: ignore[method-assign]
+    leading = [True]
+    controller = Controller(None, writer, is_leader=lambda: leading[0])  # type: ignore[arg-type]
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.run_writer, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        for what, items in (("nodes", [rc.slim_node(node)]), ("pods", [rc.slim_pod(pod)]),
+                            ("layouts", None)):  # fmt: skip
+            controller.events.put((what, "RESET", items))
+        controller.dirty.set()
+        assert eventually(lambda: held) == [1]  # not GPU 0, where a fresh placement puts it
+        assert writer.reads == 1
+        controller.became_leader(True)  # a takeover reads them again: the old leader wrote
+        eventually(lambda: writer.reads == 2)
+    finally:
+        stop.set()
+        controller.dirty.set()
+        thread.join(5)
+
+
+# ------------------------------------------------- honest health: a dead loop ends the process
+
+
+@pytest.mark.parametrize("loop_name", ["writer", "pods", "configmaps"])
+def test_the_updater_exits_when_one_of_its_loops_stops(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    loop_name: str,
+) -> None:
+    def broken(self: Controller, stop: threading.Event) -> None:
+        return  # the writer loop ends, as a bug would end it
+
+    def watch_or_end(what: str, *args: Any, **kw: Any) -> None:
+        if what != loop_name:  # this watch ends, as a bug would end it
+            list_watch(what, *args, **kw)
+
+    if loop_name == "writer":
+        monkeypatch.setattr(Controller, "run_writer", broken)
+    else:
+        monkeypatch.setattr(controller_module, "list_watch", watch_or_end)
+        monkeypatch.setattr(pernode_module, "list_watch", watch_or_end)
+    monkeypatch.setattr(daemon.signal, "signal", lambda *_: None)  # pytest keeps its handlers
+    with KubeAPI.start() as kube:
+        config = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        started = time.monotonic()
+        code = daemon.run(str(config), "per-node", "lease", "me", 30.0, "gpu-operator/x")
+    assert code == 1
+    assert time.monotonic() - started < 5
+    assert f"the {loop_name} thread stopped; exiting to be restarted" in caplog.messages
+
+
+def test_a_failing_pod_watch_pauses_the_writes_until_pods_are_listed_again() -> None:
+    """The informers report their failures: the writer waits (`following()` false) from the
+    failure until the next good list, as a cache that missed pods must not be written."""
+    with KubeAPI.start(strict=True) as kube:
+        core = kubernetes.client.CoreV1Api(kube.api_client())
+        controller = Controller(core, Recorder())
+        stop = threading.Event()
+        for thread in controller.informers(stop):
+            thread.start()
+        seen: list[tuple[bool, bool]] = []  # (pods failing, following), after each event
+
+        def apply_events() -> list[tuple[bool, bool]]:
+            while not controller.events.empty():
+                controller._apply(*controller.events.get())
+                seen.append(("pods" in controller.failing, controller.following()))
+            return seen
+
+        try:
+            eventually(lambda: apply_events() and seen[-1] == (False, True), timeout=10)
+            # What the watches deliver lands in the state as what it is: a node, a pod on it.
+            kube.create("nodes", whole_gpu_node("w1"))
+            kube.create("pods", gpu_pod("p1", "w1", 1, "2026-01-01T00:00:00Z"), namespace="ns")
+            eventually(lambda: apply_events() and "ns/p1" in controller.state.pods.get("w1", {}))
+            assert set(controller.state.nodes) == {"w1"}
+            seen.clear()
+            kube.fail_next(2, action="list", plural="pods")
+            kube.cut_watches(abort=True)
+            eventually(lambda: apply_events() and seen[-1] == (False, True), timeout=20)
+            assert (True, False) in seen  # the writes waited while the pods were not followed
+        finally:
+            stop.set()
+            kube.cut_watches()
+
+
+@contextlib.contextmanager
+def layouts_informer(kube: KubeAPI) -> Iterator[Callable[[], list[tuple[str, object]]]]:
+    """The mig-parted ConfigMap's informer, running against `kube`: gives a function that
+    returns (kind, payload) of every event it has reported so far, in order."""
+    controller = Controller(kubernetes.client.CoreV1Api(kube.api_client()), Recorder())
+    stop = threading.Event()
+    controller._layouts_informer(stop).start()
+    seen: list[tuple[str, object]] = []
+
+    def reported() -> list[tuple[str, object]]:
+        while not controller.events.empty():
+            _, kind, payload = controller.events.get()
+            seen.append((kind, payload))
+        return seen
+
+    try:
+        yield reported
+    finally:
+        stop.set()
+        kube.cut_watches()
+
+
+def _layout_events(
+    status: int, failures: int, *configmaps: dict[str, Any]
+) -> list[tuple[str, object]]:
+    """What the mig-parted ConfigMap's informer reports when its first `failures` lists fail
+    with `status`, until it lists: (kind, payload) of each event, in order."""
+    with KubeAPI.start(strict=True) as kube:
+        for cm in configmaps:
+            kube.create("configmaps", cm, namespace="gpu-operator")
+        kube.fail_next(failures, status=status, action="list", plural="configmaps")
+        with layouts_informer(kube) as reported:
+
+            def listed() -> list[tuple[str, object]] | None:
+                seen = reported()
+                return seen if any(kind == "RESET" for kind, _ in seen) else None
+
+            return eventually(listed, timeout=20)
+
+
+def test_passing_failures_to_read_the_layouts_are_retried_before_writing_without_them() -> None:
+    # Two 500s are retried quietly: the writes go on waiting for the ConfigMap (here absent).
+    assert _layout_events(500, LAYOUTS_ATTEMPTS - 1) == [("RESET", None)]
+    # As many as LAYOUTS_ATTEMPTS: the writes go on with the built-ins, said once.
+    kinds = [kind for kind, _ in _layout_events(500, LAYOUTS_ATTEMPTS)]
+    assert kinds == ["ERROR", "RESET"]
+    # Listed, it is the one named, not another ConfigMap of its namespace.
+    other = {
+        "metadata": {"name": "other"},
+        "data": {"config.yaml": "version: v1\nmig-configs: {}\n"},
+    }
+    ((kind, cm),) = _layout_events(500, 0, other, copy.deepcopy(ONE_SMALL))
+    assert kind == "RESET" and isinstance(cm, dict)
+    assert (cm["metadata"]["name"], cm["data"]) == ("default-mig-parted-config", ONE_SMALL["data"])
+    # A 403 will not pass: at once.
+    (error, message), _ = _layout_events(403, 1)
+    assert error == "ERROR" and "HTTP 403" in str(message)
+
+
+def test_the_layouts_failures_are_counted_again_from_each_good_list() -> None:
+    with KubeAPI.start(strict=True) as kube, layouts_informer(kube) as reported:
+        eventually(lambda: [kind for kind, _ in reported()] == ["RESET"], timeout=10)
+        for _ in range(2):  # each time one failure short of giving up: never an ERROR
+            kube.fail_next(LAYOUTS_ATTEMPTS - 1, action="list", plural="configmaps")
+            kube.expire_watches()  # the next watch gets 410 Gone: it lists again
+            kube.cut_watches()
+            count = len(reported())
+            eventually(lambda n=count: len(reported()) > n, timeout=20)
+        assert [kind for kind, _ in reported()] == ["RESET"] * 3
