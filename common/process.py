@@ -21,7 +21,8 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
-# What the Kubernetes client and kube/api.py read, for every command that talks to a cluster.
+# What the Kubernetes client and the topology's settings (topology/settings.py) read, for every
+# command that talks to a cluster.
 CLUSTER_ENVIRONMENT = (
     "KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "TOPOLOGY_LAYOUT",
     "TOPOLOGY_CM_NAMESPACE", "TOPOLOGY_CM_NAME",

@@ -2,7 +2,8 @@
 
 Both daemons use this module and nothing of each other.
 
-Objects travel as plain JSON dicts (what `kubectl get -o json` shows), the form reconcile reads.
+Objects travel as plain JSON dicts (what `kubectl get -o json` shows, or the part of it a
+`transform` keeps): no model objects are built.
 """
 
 from __future__ import annotations

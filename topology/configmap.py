@@ -3,9 +3,11 @@
 Two layouts hold the same `topology.yml` schema:
 
 - `per-node` (default): one ConfigMap per GPU node, `topology-<node>`, labelled
-  `node-topology: "true"` and `node-name: <node>`, whose document has exactly that node under
-  `nodes:`. A change to one node rewrites one small object, and each exporter reads only its own.
-- `single`: one ConfigMap `topology` with every node, the original design, for small clusters.
+  `node-topology: "true"`, `node-name: <node>` and managed-by the updater, whose document has
+  exactly that node under `nodes:`. A change to one node rewrites one small object, and each
+  exporter reads only its own.
+- `single`: one ConfigMap (`topology` unless TOPOLOGY_CM_NAME says otherwise) with every node,
+  the original design, for small clusters.
 
 Node names that do not fit a ConfigMap name (253 characters, DNS subdomain) or a label value
 (63 characters) get a stable form: as much of the name as fits, `-`, and 10 hex digits of the

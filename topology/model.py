@@ -56,7 +56,8 @@ class Replica:
 
 @dataclass(frozen=True)
 class DeviceStatus:
-    # On a shared device: the holder of its lowest held replica (see `replicas`).
+    # On a shared device: the one pod dcgm-exporter's default mode names, the pod that has
+    # shared it longest (see `replicas` for every holder).
     allocated_by: AllocatedBy | None = None
     pod_gpu_usage_status: Mapping[str, PodUsage] = field(default_factory=dict)
     replicas: tuple[Replica, ...] = ()  # a shared device's held replicas, by index

@@ -1,6 +1,7 @@
 """HTTP endpoint: `/metrics` serves the last rendered bytes, `/health` says if they can be trusted.
 
-A scrape only reads an immutable snapshot; rendering happens when the topology changes.
+A scrape only reads an immutable snapshot; the daemon publishes a new one when what it serves
+changes (its topology, a step of the simulated values, an NVML collection), never per scrape.
 
 The server answers those two paths to GET and HEAD and nothing else, in origin-form
 (`GET /metrics`) or absolute-form (`GET http://host:9400/metrics`), and bounds what a client can
