@@ -88,10 +88,10 @@ def test_the_unit_tests_catch_a_broken_rule(tmp_path: Path, what: str, old: str,
     assert result.returncode != 0, f"{what}: a broken rule passed its unit tests"
 
 
-def test_the_readme_scrape_config_is_valid(tmp_path: Path) -> None:
-    """The plain scrape config the README gives users without the operator."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("**Scrape.**") :]
+def test_the_documented_scrape_config_is_valid(tmp_path: Path) -> None:
+    """The plain scrape config docs/prometheus-grafana.md gives users without the operator."""
+    doc = (ROOT / "docs" / "prometheus-grafana.md").read_text()
+    section = doc[doc.index("\n## Scrape\n") :]
     block = section[section.index("```yaml\n") + len("```yaml\n") : section.index("```\n", 8)]
     config = yaml.safe_load(block)
     (job,) = config["scrape_configs"]

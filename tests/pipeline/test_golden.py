@@ -210,7 +210,7 @@ def test_masking_keeps_what_is_compared() -> None:
 
 
 def test_bundled_topologies_are_what_render_produces() -> None:
-    """samples/mig/topology/ holds the README's samples, one per layout: they must stay the
+    """samples/mig/topology/ holds docs/configmap.md's samples, one per layout: they must stay the
     render of the sample node and pods."""
     args = ("status_updater", "render", "--nodes", str(SAMPLES / "nodes" / "a100-40gb-3-instances.yaml"),
             "--pods", str(SAMPLES / "pods"))  # fmt: skip

@@ -249,7 +249,8 @@ def test_the_writer_waits_while_an_informer_fails_until_it_lists_again() -> None
 def test_the_updater_s_documented_defaults_reach_the_daemon(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The README's defaults, from the environment or not, are what `run` hands the daemon."""
+    """The defaults docs/commands.md gives, from the environment or not, are what `run` hands
+    the daemon."""
     for name in ("KUBECONFIG", "TOPOLOGY_LAYOUT", "LEASE_NAME", "POD_NAME", "MIG_PARTED_CONFIG",
                  "RESYNC_SECONDS", "METRICS_PORT", "METRICS_ADDRESS"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)

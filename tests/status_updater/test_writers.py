@@ -390,8 +390,8 @@ def _edit_data(cm: dict[str, Any]) -> None:
 def test_per_node_repairs_what_another_writer_edits_in_its_configmap(
     edit: Callable[[dict[str, Any]], None],
 ) -> None:
-    """The README promises repair: the node-name label (which the exporter selects its node's
-    ConfigMap by) edited or removed with the data left alone, or the data edited."""
+    """docs/operations.md promises repair: the node-name label (which the exporter selects its
+    node's ConfigMap by) edited or removed with the data left alone, or the data edited."""
     core = FakeCore()
     writer, state, name = written_once(core)
     written = copy.deepcopy(core.cms[name])

@@ -385,11 +385,12 @@ def test_usage_errors_exit_2() -> None:
         assert "Traceback" not in result.stderr
 
 
-def test_the_readme_shows_what_the_command_prints() -> None:
-    readme = (SAMPLES.parent.parent / "README.md").read_text()
+def test_the_docs_show_what_the_command_prints() -> None:
+    """The example of docs/commands.md."""
+    doc = (ROOT / "docs" / "commands.md").read_text()
     command = "$ python -m topology show samples/mig/topology/a100-40gb-active.yaml\n"
-    start = readme.index(command) + len(command)
-    printed = readme[start : readme.index("```", start)]
+    start = doc.index(command) + len(command)
+    printed = doc[start : doc.index("```", start)]
     result = show(str(SAMPLES / "topology" / "a100-40gb-active.yaml"))
     assert result.returncode == 0, result.stderr
     assert printed == result.stdout

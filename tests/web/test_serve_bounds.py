@@ -393,7 +393,7 @@ def head_of(size: int, eol: bytes = b"\r\n", headers: int = 1) -> bytes:
 def test_a_head_of_exactly_the_limit_is_served_and_one_byte_more_is_431(
     cuts: tuple[int, ...], over_tls: bool, tls: tuple[WebConfig, ssl.SSLContext]
 ) -> None:
-    assert MAX_HEAD_BYTES == 8192  # as the README says
+    assert MAX_HEAD_BYTES == 8192  # as docs/operations.md says
     web, context = tls if over_tls else (None, None)
     with serving(web=web) as (server, _):
         for size, status in ((MAX_HEAD_BYTES, 200), (MAX_HEAD_BYTES + 1, 431)):
