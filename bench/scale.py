@@ -50,6 +50,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
@@ -60,10 +61,12 @@ from prometheus_client.core import GaugeMetricFamily
 from exporter import dcgm
 from exporter.many import NodesExporter
 from kube.api import list_all
-from status_updater import reconcile as rc
+from status_updater import objects as rc
 from status_updater.pernode import CONFIGMAP_LIMIT, digest
+from status_updater.reconcile import document
 from status_updater.state import ClusterState, reconcile
 from status_updater.usage import ANNOTATION_FB_USED
+from tests.support.oracle import families
 from topology import configmap as contract
 from topology.model import NodeTopology, Topology, dump_yaml
 from web.server import MetricsServer, Published
@@ -181,12 +184,17 @@ def machine() -> str:
 # --- 1. initial sync -----------------------------------------------------------------------------
 
 
+def _set_pod(state: ClusterState, pod: dict[str, Any]) -> None:
+    """A pod event as the controller takes it: slimmed (by its informer), then into the state."""
+    state.set_pod(rc.slim_pod(pod))
+
+
 def node_document(state: ClusterState, name: str) -> tuple[str, str]:
     """A node's `topology.yml` and its digest, as `PerNodeWriter._document` makes them."""
     result = state.results[name]
     if not isinstance(result, NodeTopology):
         raise AssertionError(f"node {name} is unreadable: {result}")
-    text = dump_yaml(rc.document(name, result, state.node_strategy(name)))
+    text = dump_yaml(document(name, result, state.node_strategy(name)))
     return text, digest(text)
 
 
@@ -198,8 +206,8 @@ def per_node_sync(
     gc_before = GC.total
     start = time.perf_counter()
     state = ClusterState()
-    state.reset_nodes(nodes)
-    state.reset_pods(pods)
+    state.reset_nodes(map(rc.slim_node, nodes))
+    state.reset_pods(map(rc.slim_pod, pods))
     state.settle()
     settled = time.perf_counter()
     docs = {name: node_document(state, name) for name in sorted(state.results)}
@@ -243,7 +251,7 @@ def pod_events(
             event = partial(state.delete_pod, removed)
             node = str(rc.pod_node(by_key[removed]))
         elif i % 3 == 1:  # ... and added back
-            event = partial(state.set_pod, by_key[removed])
+            event = partial(_set_pod, state, by_key[removed])
             node = str(rc.pod_node(by_key[removed]))
         else:  # a pod's simulated usage changes
             key = rng.choice(keys)
@@ -255,7 +263,7 @@ def pod_events(
                 value = str(rng.randint(1, 4000))
             pod = {**pod, "metadata": {**meta, "annotations": {**meta["annotations"], ANNOTATION_FB_USED: value}}}  # fmt: skip
             by_key[key] = pod
-            event = partial(state.set_pod, pod)
+            event = partial(_set_pod, state, pod)
             node = str(rc.pod_node(pod))
         old = docs[node][1]
         gc_before = GC.total
@@ -555,8 +563,8 @@ def memory_child(nodes: int, gpus: int, keep_raw: bool) -> dict[str, Any]:
     rss_listed = _status_kib("VmRSS:")
     state = ClusterState()
     # As the controller: the informers slimmed each page, the state keeps those objects.
-    state.reset_nodes(node_items, slimmed=True)
-    state.reset_pods(pod_items, slimmed=True)
+    state.reset_nodes(node_items)
+    state.reset_pods(pod_items)
     rss_both = _status_kib("VmRSS:")  # the listed objects and the state's own slimmed copies
     kept = (node_items, pod_items) if keep_raw else None
     del node_items, pod_items
@@ -589,9 +597,10 @@ def memory_child(nodes: int, gpus: int, keep_raw: bool) -> dict[str, Any]:
 
 def memory(nodes: int, gpus: int, keep_raw: bool) -> dict[str, Any]:
     """memory_child in a fresh interpreter, so the figure is its own."""
-    command = [sys.executable, __file__, "--memory-child", "raw" if keep_raw else "slim",
+    command = [sys.executable, "-m", "bench.scale", "--memory-child", "raw" if keep_raw else "slim",
                "--nodes", str(nodes), "--gpus", str(gpus)]  # fmt: skip
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    root = Path(__file__).resolve().parent.parent  # where `bench` is a package
+    out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=root).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
@@ -617,7 +626,7 @@ def variants(state: ClusterState, names: list[str], count: int) -> Iterator[tupl
         state.delete_pod(key)
         state.settle()
         released[name] = node_document(state, name)[0]
-        state.set_pod(pod)
+        state.set_pod(pod)  # slim already: the state's own
         state.settle()
         yield name, released[name]
 
@@ -643,7 +652,7 @@ class NaiveCollector:
         out: dict[str, GaugeMetricFamily] = {}
         for name in sorted(self.nodes):
             options = replace(self.options, hostname=name)
-            for f in dcgm.families(self.nodes[name], options, now):
+            for f in families(self.nodes[name], options, now):
                 family = out.get(f.name)
                 if family is None:
                     names = [k for k, _ in f.samples[0][0]]
@@ -675,7 +684,7 @@ def exporter_bench(state: ClusterState, count: int, changes: int, scrapes: int) 
     def initial() -> None:
         for cm in first:
             exporter.update_source(*configmap_event(cm))
-        published.publish(exporter.render())
+        published.publish(exporter.snapshot())
 
     initial_s = timed(initial)[1]
     render_s, event_s = [], []
@@ -685,7 +694,7 @@ def exporter_bench(state: ClusterState, count: int, changes: int, scrapes: int) 
         event = configmap_event(cm)
         t1 = time.perf_counter()
         exporter.update_source(*event)
-        published.publish(exporter.render())
+        published.publish(exporter.snapshot())
         t2 = time.perf_counter()
         render_s.append(t2 - t1)
         event_s.append(t2 - t0)
@@ -693,7 +702,7 @@ def exporter_bench(state: ClusterState, count: int, changes: int, scrapes: int) 
     step_s = []
     for _ in range(5):  # every STEP_S the values move: every GPU node is rendered again
         now[0] += dcgm.UTILIZATION_STEP_S
-        step_s.append(timed(lambda: published.publish(exporter.render()))[1])
+        step_s.append(timed(lambda: published.publish(exporter.snapshot()))[1])
 
     server = MetricsServer(published, "127.0.0.1", 0)
     server.start()

@@ -15,7 +15,7 @@ from common.files import UnreadableFile, read_text
 from common.process import CLUSTER_ENVIRONMENT, not_utf8
 from common.yamlload import SafeDumper
 from kube.api import port
-from status_updater.objects import InputError, load_objects
+from status_updater.inputs import InputError, load_objects
 from status_updater.reconcile import document
 from status_updater.state import ClusterState
 from topology import configmap as contract
@@ -102,7 +102,8 @@ def render(
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m status_updater",
-        description="Turns run:ai dynamic-MIG Nodes and Pods into topology ConfigMaps.",
+        description="Turns GPU Nodes and their Pods (run:ai dynamic MIG, static MIG, whole GPUs, "
+        "sharing) into topology ConfigMaps.",
     )
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser(

@@ -3,8 +3,10 @@
 Informer threads slim each Node and Pod to what reconcile reads and queue it; one writer thread
 owns the `ClusterState`, settles what a coalescing window touched and hands the changed nodes to
 the layout's writer (`pernode.PerNodeWriter` or `single.SingleWriter`). Nothing is written before
-both Nodes and Pods are listed (an empty pod cache would release every allocation), and only the
-Lease holder writes; a standby keeps its state current so that a takeover is quick.
+Nodes, Pods and the mig-parted ConfigMap are listed (an empty pod cache would release every
+allocation; the ConfigMap is given up on after a 403 or three failed tries, for the built-in
+layouts), nor while an informer is failing, and only the Lease holder writes; a standby keeps
+its state current so that a takeover is quick.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import kubernetes
 
 from common.selfmetrics import InvalidObjects, kind_of
 from kube.api import Backoff, Obj, describe, list_watch
-from status_updater import reconcile as rc
+from status_updater.objects import node_name, pod_key, slim_node, slim_pod
 from status_updater.state import ClusterState
 from topology import migparted
 from topology.errors import TopologyError
@@ -99,7 +101,7 @@ class Controller:
         return self.synced == SOURCES and not self.failing
 
     def _event(self, what: str, kind: str, obj: Obj) -> None:
-        slim = rc.slim_node if what == "nodes" else rc.slim_pod
+        slim = slim_node if what == "nodes" else slim_pod
         self.events.put((what, kind, slim(obj)))
         self.dirty.set()
 
@@ -145,8 +147,8 @@ class Controller:
 
     def informers(self, stop: threading.Event) -> list[threading.Thread]:
         sources = (
-            ("nodes", self.core.list_node, rc.slim_node),
-            ("pods", self.core.list_pod_for_all_namespaces, rc.slim_pod),
+            ("nodes", self.core.list_node, slim_node),
+            ("pods", self.core.list_pod_for_all_namespaces, slim_pod),
         )
         threads = [
             threading.Thread(
@@ -184,19 +186,19 @@ class Controller:
             self.failing.add(what)  # until its next list
         elif kind == "RESET":
             reset = state.reset_nodes if what == "nodes" else state.reset_pods
-            reset(payload, slimmed=True)  # the informer slimmed each page as it arrived
+            reset(payload)  # the informer slimmed each page as it arrived
             self.synced.add(what)
             self.failing.discard(what)
             self._listed = True
         elif what == "nodes":
             if kind == "DELETED":
-                state.delete_node(rc.node_name(payload))
+                state.delete_node(node_name(payload))
             else:
-                state.set_node(payload, slimmed=True)
+                state.set_node(payload)
         elif kind == "DELETED":
-            state.delete_pod(rc.pod_key(payload))
+            state.delete_pod(pod_key(payload))
         else:
-            state.set_pod(payload, slimmed=True)
+            state.set_pod(payload)
 
     def _set_layouts(self, cm: Obj | None) -> None:
         """The GPU operator's layouts, NVIDIA's built-in ones while its ConfigMap is absent; a

@@ -1,90 +1,329 @@
-"""Reads Kubernetes objects from files the way `kubectl get -o yaml` writes them."""
+"""Kubernetes JSON: what the updater reads of a Node and a Pod, and the slim copies it keeps.
+
+A cluster holds many times more than placement reads (managedFields, status, other
+annotations): the informers slim each object as it arrives (`slim_node`, `slim_pod`), and
+`ClusterState` holds only slim objects. A slim object keeps the JSON shape, so every accessor
+here reads either form, and reads anything a file may hold without raising: a field of the wrong
+type is as if it were not there, or the object's own error where placement reads it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-import yaml
+from kube.times import timestamp
+from status_updater import usage
+from topology import migparted, runai
+from topology.catalog import MIG_SUFFIX
+from topology.errors import TopologyError
+from topology.model import MIG_STRATEGIES
+from topology.sharing import GPU_RESOURCE, SHARED_GPU_RESOURCE, base_resource
 
-from common.text import kind_of, one_line
-from common.yamlload import load_documents, load_json
-
-SUFFIXES = (".yaml", ".yml", ".json")
-
-
-class InputError(Exception):
-    """A path that cannot be read at all: `<path>: <what is wrong>`."""
-
-
-def _files(path: Path) -> Iterator[Path]:
-    if path.is_dir():
-        found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
-        if not found:
-            raise InputError(f"{path}: no .yaml, .yml or .json files in this directory")
-        yield from found
-    elif path.is_file():
-        yield path
-    else:
-        raise InputError(f"{path}: no such file or directory")
+Obj = Mapping[str, Any]
+RELEASED_PHASES = ("Succeeded", "Failed")
 
 
-def _documents(path: Path) -> Iterator[Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read: {e}") from None
-    try:
-        if path.suffix == ".json":
-            yield load_json(text)
-        else:
-            yield from load_documents(text)
-    except (yaml.YAMLError, ValueError) as e:
-        raise InputError(f"{path}: not valid {path.suffix[1:].upper()}: {one_line(e)}") from None
+def metadata(obj: Obj) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
 
 
-def load_objects(
-    paths: list[str], default_kind: str, skipped: list[str]
-) -> Iterator[dict[str, Any]]:
-    """Every Node and Pod in the paths: each document an object, a `kind: List` of them, or a
-    bare sequence (a YAML list, a JSON array) of them; an object without kind is `default_kind`.
-    What is not one is said, one line each into `skipped`, and the rest is read."""
-    for raw in paths:
-        for file in _files(Path(raw)):
-            docs = list(_documents(file))
-            for n, doc in enumerate(docs):
-                where = f"{file}: document {n + 1}" if len(docs) > 1 else str(file)
-                yield from _objects(doc, where, default_kind, skipped)
+def strings(value: object) -> Mapping[str, str]:
+    return value if isinstance(value, Mapping) else {}
 
 
-def _objects(
-    doc: object, where: str, default_kind: str, skipped: list[str]
-) -> Iterator[dict[str, Any]]:
-    if doc is None:
-        return  # an empty document: a trailing `---`, or a comment only
-    items: list[tuple[str, object]]
-    if isinstance(doc, list):
-        items = [(f"{where}: [{i}]", item) for i, item in enumerate(doc)]
-    elif isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List"):
-        found = doc.get("items")
-        if found is not None and not isinstance(found, list):
-            skipped.append(f"{where}: items: expected a list of objects, got {kind_of(found)}")
-            return
-        items = [(f"{where}: items[{i}]", item) for i, item in enumerate(found or ())]
-    else:
-        items = [(where, doc)]
-    for at, item in items:
-        if not isinstance(item, dict):
-            skipped.append(f"{at}: expected a Node or a Pod, got {kind_of(item)}: skipped")
+def node_name(node: Obj) -> str:
+    return str(metadata(node).get("name") or "")
+
+
+def node_created(node: Obj) -> float:
+    """When the Node was created, in seconds (never read: infinitely late)."""
+    created = timestamp(metadata(node).get("creationTimestamp"))
+    return math.inf if created is None else created
+
+
+def node_uid(node: Obj) -> str | None:
+    uid = metadata(node).get("uid")
+    return uid if isinstance(uid, str) and uid else None
+
+
+def names(pod: Obj) -> tuple[str, str]:
+    """Namespace and name; a pod from a file may leave its namespace out: kubectl's default."""
+    meta = metadata(pod)
+    return str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+
+
+def pod_key(pod: Obj) -> str:
+    return "/".join(names(pod))
+
+
+def pod_ref(pod: Obj) -> str:
+    return f"pod {pod_key(pod)}"
+
+
+def is_gpu_node(node: Obj) -> bool:
+    return runai.is_gpu_node(strings(metadata(node).get("labels")))
+
+
+def node_strategy(node: Obj) -> str | None:
+    """The node's `nvidia.com/mig.strategy` if it is one (a bad value is the node's own error,
+    never what the cluster's topology says)."""
+    value = strings(metadata(node).get("labels")).get(runai.LABEL_STRATEGY)
+    return value if value in MIG_STRATEGIES else None
+
+
+def static_layout(node: Obj) -> str | None:
+    """The mig-parted layout a static-MIG node is labelled with (None on run:ai dynamic MIG)."""
+    labels = strings(metadata(node).get("labels"))
+    value = labels.get(migparted.LABEL_CONFIG)
+    dynamic = (
+        labels.get(runai.LABEL_DYNAMIC_MIG) == "true"
+        and labels.get(runai.LABEL_MIG_ENABLED) == "true"
+    )
+    return value if isinstance(value, str) and value and not dynamic else None
+
+
+def is_single_strategy(node: Obj) -> bool:
+    """GFD's single strategy: `nvidia.com/gpu` counts MIG devices (the GPU operator's default
+    strategy, so a product label naming a profile without a strategy label is single too)."""
+    strategy = node_strategy(node)
+    product = strings(metadata(node).get("labels")).get(runai.LABEL_PRODUCT)
+    return strategy == "single" or (strategy is None and MIG_SUFFIX in str(product))
+
+
+# --- what is kept of each object -----------------------------------------------------------------
+# A cluster holds many times more than reconcile reads (managedFields, status, other annotations):
+# the caches keep only these, in the same JSON shape, so the code below reads either form.
+
+
+NODE_LABELS = (runai.LABEL_PRODUCT, runai.LABEL_COUNT, runai.LABEL_MEMORY, runai.LABEL_STRATEGY,
+               runai.LABEL_DYNAMIC_MIG, runai.LABEL_MIG_ENABLED, migparted.LABEL_CONFIG)  # fmt: skip
+NODE_ANNOTATIONS = (runai.ANNOTATION_MIG_CONFIG, runai.ANNOTATION_MIG_MAPPING)
+POD_ANNOTATIONS = (
+    runai.ANNOTATION_POD_MIG_DEVICE,
+    usage.ANNOTATION_UTILIZATION,
+    usage.ANNOTATION_FB_USED,
+)
+POD_LABELS = (usage.LABEL_INFERENCE,)
+
+
+def _kept(value: object, keys: Iterable[str]) -> dict[str, Any]:
+    """These keys' values as they are: an annotation that is no string is its object's error."""
+    found = strings(value)
+    return {k: found[k] for k in keys if k in found}
+
+
+def _only(value: object, keys: Iterable[str]) -> dict[str, Any]:
+    """These keys' values as label text (see _label_text)."""
+    found = strings(value)
+    return {k: text for k in keys if k in found and (text := _label_text(found[k])) is not None}
+
+
+def _label_text(value: object) -> str | None:
+    """A label value as the API holds it, a string. A file may hold YAML's
+    `true` or `8` unquoted (kubectl would refuse it): read as the text it stands for. Anything
+    else (a list, null, a float) is no value: as if the key were not there."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) and abs(value) < 10**18:
+        return str(value)
+    return None
+
+
+def slim_node(node: Obj) -> dict[str, Any]:
+    meta = metadata(node)
+    slim: dict[str, Any] = {
+        "kind": "Node",
+        "metadata": {
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "creationTimestamp": meta.get("creationTimestamp"),
+            "labels": _only(meta.get("labels"), NODE_LABELS) | _sharing_labels(meta),
+            "annotations": _kept(meta.get("annotations"), NODE_ANNOTATIONS),
+        },
+    }
+    advertised = advertised_migs(node)
+    if advertised:
+        slim["status"] = {"allocatable": advertised}
+    return slim
+
+
+def _sharing_labels(meta: Mapping[str, Any]) -> dict[str, str]:
+    """GFD's sharing labels: `<resource>.replicas` and `.sharing-strategy` of each resource."""
+    return {
+        k: text
+        for k, v in strings(meta.get("labels")).items()
+        if isinstance(k, str)
+        and k.startswith("nvidia.com/")
+        and k.endswith((".replicas", ".sharing-strategy"))
+        and (text := _label_text(v)) is not None
+    }
+
+
+def advertised_migs(node: Obj) -> dict[str, str]:
+    """The `nvidia.com/mig-<profile>` resources the device plugin advertises (allocatable, or
+    capacity where a simulated node sets only that), and the renamed shared `nvidia.com/gpu.shared`."""
+    status = node.get("status")
+    status = status if isinstance(status, Mapping) else {}
+    for key in ("allocatable", "capacity"):
+        found = {
+            k: str(v)
+            for k, v in strings(status.get(key)).items()
+            if isinstance(k, str)
+            and (k.startswith(runai.MIG_RESOURCE_PREFIX) or k == SHARED_GPU_RESOURCE)
+        }
+        if found:
+            return found
+    return {}
+
+
+def slim_pod(pod: Obj) -> dict[str, Any]:
+    meta = metadata(pod)
+    spec = pod.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    status = pod.get("status")
+    containers = spec.get("containers")
+    kept = []
+    for c in containers if isinstance(containers, list) else []:
+        if not isinstance(c, Mapping):
             continue
-        kind = item.get("kind", default_kind)
-        # Kinds are case-sensitive in the API, but what a hand-written `kind: node` means is clear.
-        known = KINDS.get(kind.lower()) if isinstance(kind, str) else None
-        if known is None:
-            skipped.append(f"{at}: a {kind!r} is neither a Node nor a Pod: skipped")
-            continue
-        yield item if item.get("kind") == known else {**item, "kind": known}
+        resources = c.get("resources")
+        limits = resources.get("limits") if isinstance(resources, Mapping) else None
+        gpu_limits = {k: v for k, v in strings(limits).items() if is_gpu_resource(k)}
+        kept.append({"name": c.get("name"), "resources": {"limits": gpu_limits}})
+    return {
+        "kind": "Pod",
+        "metadata": {
+            **{k: meta.get(k) for k in ("name", "namespace", "uid", "creationTimestamp")},
+            "labels": _only(meta.get("labels"), POD_LABELS),
+            "annotations": _kept(meta.get("annotations"), POD_ANNOTATIONS),
+        },
+        "spec": {"nodeName": spec.get("nodeName"), "containers": kept},
+        "status": {"phase": status.get("phase") if isinstance(status, Mapping) else None},
+    }
 
 
-KINDS = {"node": "Node", "pod": "Pod"}
+# --- pods ----------------------------------------------------------------------------------------
+
+
+def may_hold_gpu(pod: Obj) -> bool:
+    """Whether the pod can hold a device now: placed, not finished, asking for a MIG device or GPUs.
+
+    Only these are kept: on a real cluster most pods never touch a GPU.
+    """
+    annotations = strings(metadata(pod).get("annotations"))
+    # A request for no device (`0`) holds nothing; any other, odd ones included, is kept: an
+    # odd one to be said.
+    return holds_gpu(pod) and (
+        runai.ANNOTATION_POD_MIG_DEVICE in annotations
+        or any(device_count(value) != 0 for *_, value in gpu_limits(pod))
+    )
+
+
+def pod_node(pod: Obj) -> str | None:
+    spec = pod.get("spec")
+    name = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    return str(name) if name else None
+
+
+def holds_gpu(pod: Obj) -> bool:
+    """A pod placed on a node holds its device until it has Succeeded or Failed (or is deleted).
+
+    Pending (being started) and Unknown (kubelet unreachable) pods keep it: run:ai does too.
+    """
+    status = pod.get("status")
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    return phase not in RELEASED_PHASES and pod_node(pod) is not None
+
+
+def first_container(pod: Obj) -> str:
+    spec = pod.get("spec")
+    containers = spec.get("containers") if isinstance(spec, Mapping) else None
+    if isinstance(containers, list) and containers and isinstance(containers[0], Mapping):
+        return str(containers[0].get("name", ""))
+    return ""
+
+
+def is_gpu_resource(name: object) -> bool:
+    """`nvidia.com/gpu`, `nvidia.com/mig-<profile>`, or either renamed for sharing (`.shared`)."""
+    return isinstance(name, str) and (
+        base_resource(name) == GPU_RESOURCE or name.startswith(runai.MIG_RESOURCE_PREFIX)
+    )
+
+
+QUANTITY = re.compile(r"[0-9]{1,6}")  # a device count; more than a million is no real request
+
+
+def gpu_limits(pod: Obj) -> Iterator[tuple[int, str, str, object]]:
+    """(container index, container name, resource, value) of each GPU or MIG resource limit."""
+    spec = pod.get("spec")
+    containers = spec.get("containers") if isinstance(spec, Mapping) else None
+    for i, c in enumerate(containers if isinstance(containers, list) else []):
+        resources = c.get("resources") if isinstance(c, Mapping) else None
+        limits = resources.get("limits") if isinstance(resources, Mapping) else None
+        for resource, value in sorted(strings(limits).items()):
+            if is_gpu_resource(resource):
+                yield i, str(c.get("name", "")), str(resource), value
+
+
+def device_count(value: object) -> int | None:
+    """A device count as the API writes one (decimal digits), or None."""
+    text = value if isinstance(value, str) else str(value) if isinstance(value, int) else ""
+    return int(text) if QUANTITY.fullmatch(text) and not isinstance(value, bool) else None
+
+
+def requests(pod: Obj) -> list[tuple[int, str, str, int]]:
+    """(container index, container name, resource, count) of each GPU or MIG resource the
+    pod's containers ask for (extended resources are whole numbers, their limit the request)."""
+    return [
+        (i, name, resource, count)
+        for i, name, resource, value in gpu_limits(pod)
+        if (count := device_count(value))
+    ]
+
+
+def odd_requests(pod: Obj) -> list[tuple[int, str, object]]:
+    """(container index, resource, value) of each GPU or MIG resource asked for in something
+    other than a whole number of devices (`1.5`, `500m`, `-1`): the API refuses such a pod, so
+    one comes only from a file or an emulator, and is said, never silently left out."""
+    return [(i, r, v) for i, _, r, v in gpu_limits(pod) if device_count(v) is None]
+
+
+def shown(value: object) -> str:
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else "a huge number"
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def whole_gpus_requested(pod: Obj) -> int:
+    return sum(n for _, _, resource, n in requests(pod) if base_resource(resource) == GPU_RESOURCE)
+
+
+def pod_order(pod: Obj) -> tuple[float, str, str]:
+    """Older pods first (by time, not by text: writers format timestamps differently); a pod
+    without a readable timestamp after all others."""
+    meta = metadata(pod)
+    created = timestamp(meta.get("creationTimestamp"))
+    return (
+        math.inf if created is None else created,
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+    )
+
+
+def pod_uid(pod: Obj) -> str:
+    meta = metadata(pod)
+    return str(meta.get("uid") or pod_key(pod))
+
+
+def annotation(annotations: Mapping[str, object], key: str, obj: str) -> str | None:
+    value = annotations.get(key)
+    if value is not None and not isinstance(value, str):
+        raise TopologyError(
+            obj, f"metadata.annotations[{key}]", f"expected a string, got {value!r}"
+        )
+    return value

@@ -24,7 +24,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from kube.api import REQUEST_TIMEOUT, Obj, list_all, list_watch, usable_version
-from status_updater import reconcile as rc
+from status_updater.reconcile import document
 from status_updater.state import ClusterState, Unreadable
 from topology import configmap as contract
 from topology.errors import TopologyError
@@ -216,7 +216,7 @@ class PerNodeWriter:
         cached = self._desired.get(node)
         if cached is not None and cached.result is result and cached.strategy == strategy:
             return cached
-        text = dump_yaml(rc.document(node, result, strategy))
+        text = dump_yaml(document(node, result, strategy))
         desired = _Desired(result, strategy, text, digest(text))
         self._desired[node] = desired
         return desired

@@ -2,11 +2,14 @@
 
 Objects go in as they come (informer events, or every object of `render`'s files); `settle()`
 recomputes only the nodes they touched and says which nodes' results changed. A node's result is
-a pure function of its Node and its Pods (`reconcile.build_node` and `reconcile.allocate`), plus
-one cluster-wide rule kept in an index: a GPU or MIG id belongs to one node. Where two nodes claim
+a pure function of its Node, its Pods, the mig-parted layouts and its last result
+(`reconcile.reconcile_node`), plus one cluster-wide rule kept in an index: a GPU or MIG id belongs to one node. Where two nodes claim
 one id, the oldest Node (then the name that sorts first) keeps it and the other is a bad node, so
 the outcome does not depend on the order events arrived in. Where a pod's annotation gave the id,
 only that device loses it.
+
+It holds slim objects only (`objects.slim_node`, `objects.slim_pod`): the informers slim each
+object as it arrives, and `ClusterState.of` slims what `render` read.
 
 Pure: no I/O, no threads. The controller calls it from one thread.
 """
@@ -14,13 +17,29 @@ Pure: no I/O, no threads. The controller calls it from one thread.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from status_updater import reconcile as rc
-from topology import migparted, runai
+from status_updater.devices import build_node
+from status_updater.ids import claim_ignored, device_ids, id_set, without_id
+from status_updater.objects import (
+    Obj,
+    is_gpu_node,
+    may_hold_gpu,
+    node_created,
+    node_name,
+    node_strategy,
+    node_uid,
+    pod_key,
+    pod_node,
+    slim_node,
+    slim_pod,
+    static_layout,
+)
+from status_updater.reconcile import reconcile_node
+from topology import migparted
 from topology.errors import TopologyError
-from topology.model import Gpu, MigDevice, NodeTopology, Topology
+from topology.model import NodeTopology, Topology
 
 
 @dataclass(frozen=True)
@@ -33,68 +52,16 @@ class Unreadable:
 NodeResult = NodeTopology | Unreadable
 
 
-def _ids(node: NodeTopology) -> Iterator[tuple[str, str]]:
-    """(field, id) of every GPU and named MIG device of a node."""
-    for gi, gpu in enumerate(node.gpus):
-        yield f"gpus[{gi}].id", gpu.id
-        for di, dev in enumerate(gpu.mig_devices or ()):
-            if dev.id is not None:
-                yield f"gpus[{gi}].mig-devices[{di}].id", dev.id
-
-
-def _without_id(node: NodeTopology, uid: str) -> NodeTopology:
-    gpus = tuple(
-        Gpu(
-            g.id,
-            g.status,
-            None
-            if g.mig_devices is None
-            else tuple(
-                MigDevice(d.name, d.position, d.gpu_instance_id, None, d.status)
-                if d.id == uid
-                else d
-                for d in g.mig_devices
-            ),
-        )
-        for g in node.gpus
-    )
-    return NodeTopology(
-        node.gpu_count, node.gpu_memory, node.gpu_product, node.is_dynamic_mig_enabled, gpus,
-        node.sharing,
-    )  # fmt: skip
-
-
-def _claim_ignored(node: NodeTopology, uid: str, owner: str) -> TopologyError:
-    """The warning for a pod whose annotation named another node's device id."""
-    holder = next(
-        (d.status.allocated_by for g in node.gpus for d in g.mig_devices or ()
-         if d.id == uid and d.status is not None and d.status.allocated_by is not None),
-        None,
-    )  # fmt: skip
-    obj = f"pod {holder.namespace}/{holder.pod}" if holder else "pod ?"
-    return TopologyError(
-        obj,
-        f"metadata.annotations[{runai.ANNOTATION_POD_MIG_DEVICE}].deviceUUID",
-        f"{uid} is a device of node {owner}: the claim is ignored",
-    )
-
-
-def _id_set(node: NodeTopology) -> frozenset[str]:
-    ids = {gpu.id for gpu in node.gpus}
-    ids.update(d.id for gpu in node.gpus for d in gpu.mig_devices or () if d.id is not None)
-    return frozenset(ids)
-
-
 class ClusterState:
     def __init__(self) -> None:
-        self.nodes: dict[str, rc.Obj] = {}  # GPU nodes, slimmed
+        self.nodes: dict[str, Obj] = {}  # GPU nodes, slimmed
         # devices before pods, with the node's warnings; or why the node is unusable
         self._built: dict[str, tuple[NodeTopology, list[TopologyError]] | TopologyError] = {}
         self.layouts: migparted.Layouts = migparted.builtin()  # what static-MIG labels name
-        self.pods: dict[str, dict[str, rc.Obj]] = {}  # node name -> pod key -> slimmed pod
+        self.pods: dict[str, dict[str, Obj]] = {}  # node name -> pod key -> slimmed pod
         self._pod_node: dict[str, str] = {}  # pod key -> node name
         self._computed: dict[str, NodeResult] = {}  # before the cluster-wide id rule
-        # Each node's last placement: its pods keep what they hold there (reconcile.allocate).
+        # Each node's last placement: its pods keep what they hold there (placement.kept).
         # From the updater's own results, or, after a restart, from what it wrote (`remember`).
         self._placed: dict[str, NodeTopology] = {}
         self.results: dict[str, NodeResult] = {}  # what each GPU node's entry should be
@@ -116,23 +83,22 @@ class ClusterState:
 
     # --- objects in ----------------------------------------------------------------------------
 
-    def set_node(self, node: rc.Obj, *, slimmed: bool = False) -> None:
-        """A Node as the API shows it; `slimmed`: already `reconcile.slim_node`, kept as it is."""
-        name = rc.node_name(node)
-        if not rc.is_gpu_node(node):
+    def set_node(self, node: Obj) -> None:
+        """A slim Node (`objects.slim_node`), kept as it is."""
+        name = node_name(node)
+        if not is_gpu_node(node):
             # Its GPU labels went (GPU feature discovery restarting takes them off and puts them
             # back): no GPU node now, but the Node is there, and its pods keep their devices
             # (its last placement) for when the labels return.
             self._drop_node(name)
             return
-        slim = node if slimmed else rc.slim_node(node)
         old = self.nodes.get(name)
-        if old == slim:
+        if old == node:
             return  # a heartbeat or status update: nothing reconcile reads
         if old is not None:
-            self._strategies[rc.node_strategy(old)] -= 1
-        self._strategies[rc.node_strategy(slim)] += 1
-        self.nodes[name] = slim
+            self._strategies[node_strategy(old)] -= 1
+        self._strategies[node_strategy(node)] += 1
+        self.nodes[name] = node
         self._rebuild.add(name)
 
     def set_layouts(self, layouts: migparted.Layouts) -> None:
@@ -141,7 +107,7 @@ class ClusterState:
         if layouts == self.layouts:
             return
         self.layouts = layouts
-        self._rebuild.update(n for n, node in self.nodes.items() if rc.static_layout(node))
+        self._rebuild.update(n for n, node in self.nodes.items() if static_layout(node))
 
     def remember(self, placed: Mapping[str, NodeTopology]) -> None:
         """What the updater wrote for these nodes (read back after a restart, or from another
@@ -159,26 +125,24 @@ class ClusterState:
     def _drop_node(self, name: str) -> None:
         old = self.nodes.pop(name, None)
         if old is not None:
-            self._strategies[rc.node_strategy(old)] -= 1
+            self._strategies[node_strategy(old)] -= 1
             self._built.pop(name, None)
             self._own.pop(name, None)
             self._rebuild.add(name)
 
-    def set_pod(self, pod: rc.Obj, *, slimmed: bool = False) -> None:
-        """A Pod as the API shows it; `slimmed`: already `reconcile.slim_pod`, kept as it is (the
-        informers slim each page as it arrives: slimming again would hold two copies at once)."""
-        key = rc.pod_key(pod)
-        if not rc.may_hold_gpu(pod):
+    def set_pod(self, pod: Obj) -> None:
+        """A slim Pod (`objects.slim_pod`), kept as it is."""
+        key = pod_key(pod)
+        if not may_hold_gpu(pod):
             self.delete_pod(key)
             return
-        slim = pod if slimmed else rc.slim_pod(pod)
-        target = str(rc.pod_node(slim))
+        target = str(pod_node(pod))
         before = self._pod_node.get(key)
-        if before == target and self.pods[target].get(key) == slim:
+        if before == target and self.pods[target].get(key) == pod:
             return
         if before is not None and before != target:
             self.delete_pod(key)
-        self.pods.setdefault(target, {})[key] = slim
+        self.pods.setdefault(target, {})[key] = pod
         self._pod_node[key] = target
         self._stale.add(target)
 
@@ -192,21 +156,21 @@ class ClusterState:
             del self.pods[node]
         self._stale.add(node)
 
-    def reset_nodes(self, nodes: Iterable[rc.Obj], *, slimmed: bool = False) -> None:
+    def reset_nodes(self, nodes: Iterable[Obj]) -> None:
         """The full list (first sync, or after 410 Gone): only real differences cost anything."""
         seen = set()
         for node in nodes:
-            seen.add(rc.node_name(node))
-            self.set_node(node, slimmed=slimmed)
+            seen.add(node_name(node))
+            self.set_node(node)
         # A Node missing from the list is gone, also one whose GPU labels had gone before.
         for name in (self.nodes.keys() | self._placed.keys()) - seen:
             self.delete_node(name)
 
-    def reset_pods(self, pods: Iterable[rc.Obj], *, slimmed: bool = False) -> None:
+    def reset_pods(self, pods: Iterable[Obj]) -> None:
         seen = set()
         for pod in pods:
-            seen.add(rc.pod_key(pod))
-            self.set_pod(pod, slimmed=slimmed)
+            seen.add(pod_key(pod))
+            self.set_pod(pod)
         for key in set(self._pod_node) - seen:
             self.delete_pod(key)
 
@@ -223,7 +187,7 @@ class ClusterState:
             if name in self.nodes:
                 found: list[TopologyError] = []
                 try:
-                    topo = rc.build_node(self.nodes[name], self.layouts, found)
+                    topo = build_node(self.nodes[name], self.layouts, found)
                     self._built[name] = (topo, found)
                 except TopologyError as e:
                     self._built[name] = e
@@ -259,10 +223,10 @@ class ClusterState:
             result = Unreadable(built)
             warnings.append(built)
         else:
-            topo, warnings[:] = built[0], list(built[1])
-            single = rc.is_single_strategy(self.nodes[name])
             pods = self.pods.get(name, {}).values()
-            result = rc.allocate(name, topo, pods, warnings, single, self._placed.get(name))
+            result, warnings = reconcile_node(
+                self.nodes[name], pods, previous=self._placed.get(name), built=built
+            )
             self._placed[name] = result
         self.warnings[name] = warnings
         if result is None:
@@ -270,7 +234,7 @@ class ClusterState:
             self.warnings.pop(name)
         else:
             self._computed[name] = result
-        ids = _id_set(result) if isinstance(result, NodeTopology) else frozenset()
+        ids = id_set(result) if isinstance(result, NodeTopology) else frozenset()
         old = self._node_ids.get(name, frozenset())
         if ids == old:
             return set()
@@ -308,15 +272,15 @@ class ClusterState:
             return computed  # no id of this node is claimed twice: the common case, O(ids)
         own = self._own_ids(name)
         result = computed
-        for field, uid in _ids(computed):
+        for field, uid in device_ids(computed):
             owner = self._owner(uid)
             if owner == name:
                 continue
             if uid not in own:
                 # A pod's annotation named it (the mapping had not): the pod's claim is wrong,
                 # not the node; the device stays, without that id.
-                self._id_warnings.setdefault(name, []).append(_claim_ignored(result, uid, owner))
-                result = _without_id(result, uid)
+                self._id_warnings.setdefault(name, []).append(claim_ignored(result, uid, owner))
+                result = without_id(result, uid)
                 continue
             return Unreadable(
                 TopologyError(f"node {name}", field, f"duplicate id {uid} (also node {owner})")
@@ -328,7 +292,7 @@ class ClusterState:
         own = self._own.get(name)
         if own is None:
             built = self._built.get(name)
-            own = self._own[name] = _id_set(built[0]) if isinstance(built, tuple) else frozenset()
+            own = self._own[name] = id_set(built[0]) if isinstance(built, tuple) else frozenset()
         return own
 
     def _owner(self, uid: str) -> str:
@@ -338,7 +302,7 @@ class ClusterState:
         takes them; and the outcome is the same in whatever order the events came."""
         claimants = self._claimants(uid)
         by_node = {n for n in claimants if uid in self._own_ids(n)}
-        return min(by_node or claimants, key=lambda n: (rc.node_created(self.nodes[n]), n))
+        return min(by_node or claimants, key=lambda n: (node_created(self.nodes[n]), n))
 
     def strategy(self) -> str:
         """The MIG strategy the GPU nodes are labelled with (the most common; `none` unlabelled)."""
@@ -349,11 +313,11 @@ class ClusterState:
 
     def node_strategy(self, name: str) -> str | None:
         node = self.nodes.get(name)
-        return rc.node_strategy(node) if node is not None else None
+        return node_strategy(node) if node is not None else None
 
     def node_uid(self, name: str) -> str | None:
         node = self.nodes.get(name)
-        return rc.node_uid(node) if node is not None else None
+        return node_uid(node) if node is not None else None
 
     def node_warnings(self, name: str) -> list[TopologyError]:
         """The node's own problems and its pods', then the cluster-wide id rule's verdict."""
@@ -387,22 +351,23 @@ class ClusterState:
     @classmethod
     def of(
         cls,
-        nodes: Iterable[rc.Obj],
-        pods: Iterable[rc.Obj],
+        nodes: Iterable[Obj],
+        pods: Iterable[Obj],
         layouts: migparted.Layouts | None = None,
     ) -> ClusterState:
-        """The settled state of these objects (what `render` and the tests start from)."""
+        """The settled state of these objects as the API or a file shows them (what `render`
+        and the tests start from)."""
         state = cls()
         if layouts is not None:
             state.layouts = layouts
-        state.reset_nodes(nodes)
-        state.reset_pods(pods)
+        state.reset_nodes(map(slim_node, nodes))
+        state.reset_pods(map(slim_pod, pods))
         state.settle()
         return state
 
 
 def reconcile(
-    nodes: Iterable[rc.Obj], pods: Iterable[rc.Obj], previous: Topology | None = None
+    nodes: Iterable[Obj], pods: Iterable[Obj], previous: Topology | None = None
 ) -> tuple[Topology, list[TopologyError]]:
     """The whole cluster's topology for these objects, and the problems found on the way."""
     state = ClusterState.of(nodes, pods)

@@ -49,7 +49,8 @@ import kubernetes.client
 import pytest
 import urllib3
 
-from status_updater import reconcile as rc
+from status_updater.objects import slim_node, slim_pod
+from status_updater.reconcile import document
 from status_updater.state import ClusterState, Unreadable
 from tests.live.test_live import NS, Daemons
 from tests.support.kubeapi import KubeAPI, StrictKubernetesEmulator
@@ -222,8 +223,8 @@ def fixed_point_problems(snap: Snapshot) -> list[str]:
     written, problems = snap.written()
     state = ClusterState()
     state.remember({name: w.node for name, w in written.items()})
-    state.reset_nodes(snap.nodes)
-    state.reset_pods(snap.pods)
+    state.reset_nodes(map(slim_node, snap.nodes))
+    state.reset_pods(map(slim_pod, snap.pods))
     state.settle()
     if set(written) != set(state.results):
         problems.append(f"ConfigMaps for {sorted(written)}, GPU nodes {sorted(state.results)}")
@@ -780,7 +781,7 @@ def test_topology_stays_true_under_long_api_faults(seed: int, tmp_path: Path) ->
 def written_snapshot(node: Obj, pods: list[Obj], entry: NodeTopology) -> Snapshot:
     """The cluster with this entry written for its one node, as the updater writes it."""
     name = node["metadata"]["name"]
-    text = dump_yaml(rc.document(name, entry, None))
+    text = dump_yaml(document(name, entry, None))
     cm = contract.node_configmap(name, text, NS, node["metadata"]["uid"])
     cm["metadata"]["resourceVersion"] = "1"
     return Snapshot([node], pods, [cm], [])
@@ -799,7 +800,7 @@ def test_the_checks_see_a_phantom_a_lost_allocation_and_a_move() -> None:
         pods.append(pod)
     state = ClusterState.of([node], pods)
     both = state.results["k80-0"]
-    state.reset_pods(pods[1:])  # "old" ends: "young" keeps GPU 1, GPU 0 is free
+    state.reset_pods(map(slim_pod, pods[1:]))  # "old" ends: "young" keeps GPU 1, GPU 0 is free
     state.settle()
     kept = state.results["k80-0"]
     moved = ClusterState.of([node], pods[1:]).results["k80-0"]  # from scratch: GPU 0

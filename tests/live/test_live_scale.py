@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from status_updater.reconcile import document, gpu_uuid
+from status_updater.devices import gpu_uuid
+from status_updater.reconcile import document
 from status_updater.state import ClusterState
 from tests.live.test_live import NS, Daemons, running
 from tests.pipeline.test_cli import get

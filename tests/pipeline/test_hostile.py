@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from common.yamlload import flow_depth_exceeds, load_document
 from exporter import dcgm
 from exporter.source import node_of
-from status_updater import reconcile as rc
+from status_updater.objects import slim_node, slim_pod
+from status_updater.reconcile import document
 from status_updater.state import ClusterState, Unreadable
 from tests.status_updater.test_reconcile import REAL_NODE, after_one_ended, gpu_pod, whole_gpu_node
 from tests.status_updater.test_static import pod as static_pod
@@ -161,7 +162,7 @@ def test_one_hostile_node_and_its_pods_harm_only_that_node(victim: str, rnd: ran
     # What the updater writes, the exporter reads back and serves as valid series.
     for name, result in state.results.items():
         if isinstance(result, NodeTopology):
-            doc = rc.document(name, result, state.node_strategy(name))
+            doc = document(name, result, state.node_strategy(name))
             back = load_yaml(dump_yaml(doc), "ConfigMap")
             assert back == doc
             assert exposition_problems(node_of(back, name, "ConfigMap") or result) == []
@@ -254,7 +255,7 @@ def test_a_newer_node_copying_ids_never_takes_them_from_the_older_one() -> None:
     for order in ([owner, copycat], [copycat, owner]):
         state = ClusterState()
         for node in order:
-            state.set_node(node)
+            state.set_node(slim_node(node))
             state.settle()
         assert state.results[owner["metadata"]["name"]] == alone
         assert isinstance(state.results["aaa-copycat"], Unreadable)
@@ -303,15 +304,15 @@ def holders(state: ClusterState, name: str) -> dict[str, list[tuple[int, int | N
 
 def test_a_whole_gpu_stays_with_its_pod_when_an_older_pod_ends() -> None:
     state = ClusterState()
-    state.set_node(whole_gpu_node("k80", count=4))
+    state.set_node(slim_node(whole_gpu_node("k80", count=4)))
     for i, name in enumerate(["a", "b", "c"]):
-        state.set_pod(gpu_pod(name, "k80", 1, f"2026-01-0{i + 1}T00:00:00Z"))
+        state.set_pod(slim_pod(gpu_pod(name, "k80", 1, f"2026-01-0{i + 1}T00:00:00Z")))
     state.settle()
     assert holders(state, "k80") == {"a": [(0, None)], "b": [(1, None)], "c": [(2, None)]}
     state.delete_pod("ns/a")
     # A pod created "before" the others (clock skew, a restore) arrives late: it gets what is
     # free, and takes nothing from pods that already hold devices.
-    state.set_pod(gpu_pod("early", "k80", 2, "2025-01-01T00:00:00Z"))
+    state.set_pod(slim_pod(gpu_pod("early", "k80", 2, "2025-01-01T00:00:00Z")))
     state.settle()
     assert holders(state, "k80") == {"b": [(1, None)], "c": [(2, None)],
                                      "early": [(0, None), (3, None)]}  # fmt: skip
@@ -320,10 +321,10 @@ def test_a_whole_gpu_stays_with_its_pod_when_an_older_pod_ends() -> None:
 def test_a_mig_instance_stays_with_its_pod_when_an_older_pod_ends() -> None:
     node = static_node("s", "NVIDIA-A100-SXM4-40GB", 1, "all-1g.5gb")
     state = ClusterState()
-    state.set_node(node)
+    state.set_node(slim_node(node))
     one = {"c": {"nvidia.com/mig-1g.5gb": "1"}}
     for i, name in enumerate(["a", "b"]):
-        state.set_pod(static_pod(name, "s", f"2026-01-0{i + 1}T00:00:00Z", one))
+        state.set_pod(slim_pod(static_pod(name, "s", f"2026-01-0{i + 1}T00:00:00Z", one)))
     state.settle()
     before = holders(state, "s")
     state.delete_pod("team/a")
@@ -339,8 +340,8 @@ def test_a_restarted_updater_keeps_the_assignments_it_wrote() -> None:
     # A fresh process: it reads back what it wrote, then lists the cluster.
     fresh = ClusterState()
     fresh.remember(written.nodes)
-    fresh.reset_nodes([whole_gpu_node("k80", count=3)])
-    fresh.reset_pods([gpu_pod("b", "k80", 1, "2026-01-02T00:00:00Z")])
+    fresh.reset_nodes(map(slim_node, [whole_gpu_node("k80", count=3)]))
+    fresh.reset_pods(map(slim_pod, [gpu_pod("b", "k80", 1, "2026-01-02T00:00:00Z")]))
     fresh.settle()
     assert holders(fresh, "k80") == {"b": [(1, None)]}
     # Without that memory, the pod would be placed afresh (on GPU 0): the memory is what keeps it.
@@ -392,19 +393,19 @@ def test_keys_longer_than_yaml_allows_implicitly_are_written_and_read_back() -> 
 
 def test_an_older_pod_that_lost_devices_takes_none_from_a_younger_one() -> None:
     state = ClusterState()
-    state.set_node(whole_gpu_node("k80", count=6))
+    state.set_node(slim_node(whole_gpu_node("k80", count=6)))
     for name, day, gpus in (("f1", "01", 1), ("f2", "02", 2), ("a", "03", 2)):
-        state.set_pod(gpu_pod(name, "k80", gpus, f"2026-01-{day}T00:00:00Z"))
+        state.set_pod(slim_pod(gpu_pod(name, "k80", gpus, f"2026-01-{day}T00:00:00Z")))
     state.settle()
     state.delete_pod("ns/f1")
-    state.set_pod(gpu_pod("b", "k80", 1, "2026-01-04T00:00:00Z"))
+    state.set_pod(slim_pod(gpu_pod("b", "k80", 1, "2026-01-04T00:00:00Z")))
     state.settle()
     state.delete_pod("ns/f2")
     state.settle()
     assert holders(state, "k80") == {"a": [(3, None), (4, None)], "b": [(0, None)]}
     # The node shrinks to 4 GPUs: a keeps GPU 3 and needs one more. It takes a free one, never
     # b's (b stays on GPU 0).
-    state.set_node(whole_gpu_node("k80", count=4))
+    state.set_node(slim_node(whole_gpu_node("k80", count=4)))
     state.settle()
     assert holders(state, "k80") == {"a": [(1, None), (3, None)], "b": [(0, None)]}
 
@@ -416,8 +417,8 @@ def test_a_pod_that_kept_some_devices_places_before_an_older_newcomer() -> None:
     assert holders(state, "k80") == {"b": [(1, None), (2, None)]}
     # At once: the node shrinks (b loses GPU 2) and a pod created before b is bound to it.
     # b, which runs, places first: it keeps GPU 1 and takes GPU 0; the newcomer waits.
-    state.set_node(whole_gpu_node("k80", count=2))
-    state.set_pod(gpu_pod("early", "k80", 1, "2026-01-02T00:00:00Z"))
+    state.set_node(slim_node(whole_gpu_node("k80", count=2)))
+    state.set_pod(slim_pod(gpu_pod("early", "k80", 1, "2026-01-02T00:00:00Z")))
     state.settle()
     assert holders(state, "k80") == {"b": [(0, None), (1, None)]}
     assert [str(w) for w in state.node_warnings("k80")] == [

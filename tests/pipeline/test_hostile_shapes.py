@@ -22,10 +22,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.yamlload import load_document, load_json
-from status_updater import reconcile as rc
+from status_updater.objects import node_name, slim_node, slim_pod
+from status_updater.reconcile import reconcile_node
 from tests.pipeline.test_hostile import NODES, PODS
 from tests.support.base import SAMPLES, examples, run_cli
 from topology import migparted, runai
+from topology.catalog import model_for_product
 from topology.configmap import parse_document
 from topology.errors import TopologyError
 from topology.model import MAX_INTEGER, from_dict
@@ -118,7 +120,7 @@ def test_a_rendered_document_of_any_shape(doc: Any) -> None:
 def test_a_mig_parted_config_of_any_shape(doc: Any) -> None:
     def parse() -> None:
         layouts = migparted.load(json.dumps(doc), "configmap gpu-operator/mig")
-        model = rc.model_for_product("NVIDIA-A100-SXM4-40GB")
+        model = model_for_product("NVIDIA-A100-SXM4-40GB")
         for name in list(layouts)[:5]:
             migparted.node_layout(layouts, name, model, 2, "node n")
 
@@ -152,15 +154,13 @@ def test_nodes_and_pods_of_any_shape(node: Any, pod: Any) -> None:
     read'."""
     if not isinstance(node, dict) or not isinstance(pod, dict):
         return
-    warnings: list[TopologyError] = []
+    slim = slim_pod(pod)
+    if isinstance(pod.get("spec"), dict):
+        slim["spec"]["nodeName"] = node_name(node)
     try:
-        built = rc.build_node(rc.slim_node(node), migparted.builtin(), warnings)
+        _, warnings = reconcile_node(slim_node(node), [slim], migparted.builtin())
     except TopologyError:
         return
-    slim = rc.slim_pod(pod)
-    if isinstance(pod.get("spec"), dict):
-        slim["spec"]["nodeName"] = rc.node_name(node)
-    rc.allocate(rc.node_name(node), built, [slim], warnings, rc.is_single_strategy(node))
     assert not [w for w in warnings if "cannot be read" in w.message], warnings
 
 

@@ -15,8 +15,8 @@ from exporter.many import NodesExporter
 from exporter.service import Exporter
 from status_updater import cli as updater_cli
 from status_updater import daemon
-from status_updater import reconcile as rc
 from status_updater.controller import Controller
+from status_updater.objects import slim_node, slim_pod
 from tests.exporter.test_exporter import MIG
 from tests.exporter.test_many import doc
 from tests.exporter.test_many import exporter as nodes_exporter
@@ -98,16 +98,16 @@ def test_the_updater_counts_bad_nodes_and_pods_once(caplog: pytest.LogCaptureFix
     pod = gpu_pod("p", "k80-ok", 1, "2026-01-01T00:00:00Z")
     pod["metadata"]["annotations"] = {"run.ai/simulated-fb-used": "lots"}
     for node in (bad_node, whole_gpu_node("k80-ok"), REAL_NODE):
-        controller.state.set_node(rc.slim_node(node))
-    controller.state.set_pod(rc.slim_pod(pod))
+        controller.state.set_node(slim_node(node))
+    controller.state.set_pod(slim_pod(pod))
     controller.settle()
     own = controller.invalid.exposition()
     assert counts(own, "mig_status_updater_invalid_objects_total") == {
         "configmap": 0, "file": 0, "node": 1, "pod": 1
     }  # fmt: skip
     # An unrelated change re-settles the nodes: the same problems are neither logged nor counted.
-    controller.state.set_node(rc.slim_node({**bad_node, "spec": {"unschedulable": True}}))
-    controller.state.set_pod(rc.slim_pod({**pod, "status": {"phase": "Pending"}}))
+    controller.state.set_node(slim_node({**bad_node, "spec": {"unschedulable": True}}))
+    controller.state.set_pod(slim_pod({**pod, "status": {"phase": "Pending"}}))
     controller.settle()
     assert controller.invalid.exposition() == own
     assert sum("expected an integer, got 'many'" in r.getMessage() for r in caplog.records) == 1
@@ -118,10 +118,10 @@ def test_a_pod_that_cannot_be_placed_is_reported_when_it_comes_alone(
 ) -> None:
     # Its node's result does not change (it gets nothing), yet it is news: one warning, counted.
     controller = Controller(None, None)  # type: ignore[arg-type]
-    controller.state.set_node(rc.slim_node(whole_gpu_node("k80", count=1)))
-    controller.state.set_pod(rc.slim_pod(gpu_pod("first", "k80", 1, "2026-01-01T00:00:00Z")))
+    controller.state.set_node(slim_node(whole_gpu_node("k80", count=1)))
+    controller.state.set_pod(slim_pod(gpu_pod("first", "k80", 1, "2026-01-01T00:00:00Z")))
     assert controller.settle() == {"k80"}
-    controller.state.set_pod(rc.slim_pod(gpu_pod("late", "k80", 1, "2026-01-02T00:00:00Z")))
+    controller.state.set_pod(slim_pod(gpu_pod("late", "k80", 1, "2026-01-02T00:00:00Z")))
     assert controller.settle() == set()  # nothing to write
     said = [r.getMessage() for r in caplog.records if "pod ns/late" in r.getMessage()]
     assert said == [

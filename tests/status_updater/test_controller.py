@@ -19,8 +19,8 @@ from kube.api import list_watch
 from status_updater import controller as controller_module
 from status_updater import daemon
 from status_updater import pernode as pernode_module
-from status_updater import reconcile as rc
 from status_updater.controller import LAYOUTS_ATTEMPTS, Controller
+from status_updater.objects import slim_node, slim_pod
 from status_updater.single import SingleWriter, TooLarge
 from status_updater.state import ClusterState, Unreadable, reconcile
 from tests.status_updater.test_reconcile import after_one_ended, gpu_pod, whole_gpu_node
@@ -129,7 +129,7 @@ def loop() -> Iterator[tuple[Controller, Recorder]]:
     stop = threading.Event()
     thread = threading.Thread(target=controller.run_writer, args=(stop,), daemon=True)
     thread.start()
-    controller.events.put(("nodes", "RESET", [rc.slim_node(STATIC_NODE)]))
+    controller.events.put(("nodes", "RESET", [slim_node(STATIC_NODE)]))
     controller.events.put(("pods", "RESET", []))
     controller.dirty.set()
     yield controller, writer
@@ -210,12 +210,12 @@ def test_the_first_write_and_a_takeover_compare_everything_and_failures_are_retr
     feed(controller, "RESET", ONE_SMALL)
     eventually(lambda: writer.fulls == [True])  # the first write compares everything
     assert writer.reads == 1
-    controller.events.put(("nodes", "MODIFIED", rc.slim_node(STATIC_NODE)))
+    controller.events.put(("nodes", "MODIFIED", slim_node(STATIC_NODE)))
     controller.dirty.set()
     time.sleep(0.6)
     assert writer.fulls == [True]  # nothing changed: nothing to write
 
-    pod = rc.slim_pod(
+    pod = slim_pod(
         static_pod("p", "n1", "2026-01-01T00:00:00Z", {"c": {"nvidia.com/mig-1g.5gb": "1"}})
     )
     writer.fail = 1
@@ -258,7 +258,7 @@ def test_a_restarted_writer_keeps_what_the_configmaps_say_pods_hold() -> None:
     thread = threading.Thread(target=controller.run_writer, args=(stop,), daemon=True)
     thread.start()
     try:
-        for what, items in (("nodes", [rc.slim_node(node)]), ("pods", [rc.slim_pod(pod)]),
+        for what, items in (("nodes", [slim_node(node)]), ("pods", [slim_pod(pod)]),
                             ("layouts", None)):  # fmt: skip
             controller.events.put((what, "RESET", items))
         controller.dirty.set()

@@ -1,7 +1,7 @@
 """Placement is a fixed point, and nothing a pod holds moves while it lives.
 
 - Reconciling again from the topology that was written gives that topology:
-  `allocate(x, previous=allocate(x, p)) == allocate(x, p)`, for any nodes, layouts, pods and
+  `place(x, previous=place(x, p)) == place(x, p)`, for any nodes, layouts, pods and
   relabels, also through the text written (what a restarted updater reads back).
 - A node whose GPU labels flap (GPU feature discovery restarting) keeps its placement.
 - A pod that names another node's device uuid is that pod's problem: the claim is ignored and
@@ -18,11 +18,11 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from status_updater import reconcile as rc
+from status_updater.objects import slim_node, slim_pod
+from status_updater.reconcile import document, reconcile_node
 from status_updater.state import ClusterState
 from tests.support.base import examples
 from topology import migparted
-from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology, dump_yaml, load_yaml
 
 A100 = "NVIDIA-A100-SXM4-40GB"
@@ -96,15 +96,14 @@ pods = st.lists(
 def place(
     node: dict[str, Any], on_node: list[dict[str, Any]], previous: NodeTopology | None
 ) -> NodeTopology:
-    warnings: list[TopologyError] = []
-    built = rc.build_node(rc.slim_node(node), migparted.builtin(), warnings)
-    slim = [rc.slim_pod(p) for p in on_node if rc.may_hold_gpu(p)]
-    return rc.allocate("n", built, slim, warnings, rc.is_single_strategy(node), previous)
+    slim = [slim_pod(p) for p in on_node]
+    result, _ = reconcile_node(slim_node(node), slim, migparted.builtin(), previous)
+    return result
 
 
 def read_back(result: NodeTopology) -> NodeTopology:
     """What a restarted updater reads of what it wrote."""
-    return load_yaml(dump_yaml(rc.document("n", result, "mixed"))).nodes["n"]
+    return load_yaml(dump_yaml(document("n", result, "mixed"))).nodes["n"]
 
 
 # Fault seed 1768839506's case: p1 keeps one 1g.5gb of three after the relabel and cannot be placed
@@ -176,7 +175,7 @@ def young_first() -> ClusterState:
     """`young` came first and got GPU 0; `old`, older but bound later, GPU 1. A placement from
     scratch would swap them."""
     state = ClusterState.of([whole()], [gpu_pod("young", "2026-01-02T00:00:00Z")])
-    state.set_pod(gpu_pod("old", "2026-01-01T00:00:00Z"))
+    state.set_pod(slim_pod(gpu_pod("old", "2026-01-01T00:00:00Z")))
     state.settle()
     assert holders(state) == ["young", "old"]
     return state
@@ -184,16 +183,16 @@ def young_first() -> ClusterState:
 
 def test_a_node_whose_gpu_labels_flap_keeps_its_placement() -> None:
     state = young_first()
-    state.set_node(unlabelled())
+    state.set_node(slim_node(unlabelled()))
     assert state.settle() == {"k80"}
     assert "k80" not in state.results  # no GPU node while the labels are off
-    state.set_node(whole())
+    state.set_node(slim_node(whole()))
     state.settle()
     assert holders(state) == ["young", "old"]
     # Also when the flap is seen as a re-list (a watch that expired meanwhile).
-    state.reset_nodes([unlabelled()])
+    state.reset_nodes(map(slim_node, [unlabelled()]))
     state.settle()
-    state.reset_nodes([whole()])
+    state.reset_nodes(map(slim_node, [whole()]))
     state.settle()
     assert holders(state) == ["young", "old"]
 
@@ -203,22 +202,22 @@ def test_a_flapping_node_keeps_its_placement_across_a_restart_through_what_was_w
     text = dump_yaml(Topology("none", {"k80": written.nodes["k80"]}))
     restarted = ClusterState()
     restarted.remember(load_yaml(text).nodes)  # the updater reads back its ConfigMaps first
-    restarted.reset_nodes([unlabelled()])
-    restarted.reset_pods([gpu_pod("young", "2026-01-02T00:00:00Z"),
-                          gpu_pod("old", "2026-01-01T00:00:00Z")])  # fmt: skip
+    restarted.reset_nodes(map(slim_node, [unlabelled()]))
+    restarted.reset_pods(map(slim_pod, [gpu_pod("young", "2026-01-02T00:00:00Z"),
+                          gpu_pod("old", "2026-01-01T00:00:00Z")]))  # fmt: skip
     restarted.settle()
-    restarted.set_node(whole())
+    restarted.set_node(slim_node(whole()))
     restarted.settle()
     assert holders(restarted) == ["young", "old"]
 
 
 def test_a_deleted_node_forgets_its_placement_also_when_its_labels_had_gone() -> None:
     state = young_first()
-    state.set_node(unlabelled())
+    state.set_node(slim_node(unlabelled()))
     state.settle()
     state.reset_nodes([])  # deleted while its labels were off: a re-list no longer has it
     state.settle()
-    state.set_node(whole())  # a new Node of that name: placed from scratch, oldest first
+    state.set_node(slim_node(whole()))  # a new Node of that name: placed from scratch, oldest first
     state.settle()
     assert holders(state) == ["old", "young"]
 
@@ -306,8 +305,8 @@ def test_a_node_that_stops_giving_an_id_no_longer_keeps_it_from_its_owner() -> N
     state = ClusterState.of([a, b], [])
     assert isinstance(state.results["b"], NodeTopology)
     assert not isinstance(state.results["a"], NodeTopology)
-    state.set_node(runai_node("b", "2025-01-01T00:00:00Z", mapped=False))
-    state.set_pod(mig_pod("b0", "b", 0, "MIG-a-0"))
+    state.set_node(slim_node(runai_node("b", "2025-01-01T00:00:00Z", mapped=False)))
+    state.set_pod(slim_pod(mig_pod("b0", "b", 0, "MIG-a-0")))
     state.settle()
     assert isinstance(state.results["a"], NodeTopology)
     assert [str(w) for w in state.node_warnings("b")] == [

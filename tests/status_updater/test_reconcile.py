@@ -10,9 +10,10 @@ import yaml
 from freezegun import freeze_time
 
 from exporter import dcgm
-from status_updater import reconcile as rc
-from status_updater.reconcile import gpu_uuid
+from status_updater.devices import build_node, gpu_uuid
+from status_updater.objects import pod_key, slim_node, slim_pod
 from status_updater.state import ClusterState, reconcile
+from tests.support import oracle
 from tests.support.base import SAMPLES
 from topology.model import AllocatedBy, NodeTopology, Topology, dump_yaml
 
@@ -51,9 +52,9 @@ def after_one_ended(count: int, pods: list[tuple[str, int, str]], ended: str) ->
     pod named `ended` ended: the others hold what they were given, whatever a fresh placement
     would give them now."""
     state = ClusterState()
-    state.set_node(whole_gpu_node("k80", count=count))
+    state.set_node(slim_node(whole_gpu_node("k80", count=count)))
     for name, gpus, created in pods:
-        state.set_pod(gpu_pod(name, "k80", gpus, created))
+        state.set_pod(slim_pod(gpu_pod(name, "k80", gpus, created)))
     state.settle()
     state.delete_pod(f"ns/{ended}")
     state.settle()
@@ -203,7 +204,7 @@ def test_whole_gpu_series_follow_the_pod_and_the_clock() -> None:
     topology, _ = reconcile([whole_gpu_node("k80")], [pod])
     from time import time
 
-    fams = {f.name: f for f in dcgm.families(topology.nodes["k80"], dcgm.Options("h"), time())}
+    fams = {f.name: f for f in oracle.families(topology.nodes["k80"], dcgm.Options("h"), time())}
     (busy_util, idle_util) = [v for _, v in fams[dcgm.GPU_UTIL].samples]
     assert 40 <= busy_util <= 60 and idle_util == 0
     labels, used = fams[dcgm.FB_USED].samples[0]
@@ -417,10 +418,10 @@ def test_whole_gpus_of_a_dynamic_mig_node_go_oldest_first_and_stay() -> None:
         "pod ns/late: metadata.annotations[run.ai/simulated-fb-used]: expected MiB or a percentage, got 'lots'",
         "pod ns/greedy: spec.containers[].resources.limits[nvidia.com/gpu]: asks for 2 GPUs, node dyn has 0 free",
     ]
-    state.delete_pod(rc.pod_key(early))
+    state.delete_pod(pod_key(early))
     state.settle()
     assert holders() == [None, None, "late"]  # not moved to the lower GPU
-    state.set_pod(gpu_pod("next", "dyn", 1, "2024-01-04T00:00:00Z"))
+    state.set_pod(slim_pod(gpu_pod("next", "dyn", 1, "2024-01-04T00:00:00Z")))
     state.settle()
     assert holders() == [None, "next", "late"]
 
@@ -458,6 +459,6 @@ def test_a_run_ai_node_s_gpus_outside_its_layout_are_mig_enabled_and_empty() -> 
     bare = {"kind": "Node", "metadata": {"name": "n", "labels": labels}}
     laid = {"kind": "Node", "metadata": {"name": "n", "labels": labels,
                                          "annotations": {"run.ai/mig.config": json.dumps(config)}}}  # fmt: skip
-    assert [g.mig_devices for g in rc.build_node(bare).gpus] == [(), ()]
-    first, second = rc.build_node(laid).gpus
+    assert [g.mig_devices for g in build_node(bare).gpus] == [(), ()]
+    first, second = build_node(laid).gpus
     assert [d.name for d in first.mig_devices or ()] == ["3g.20gb"] and second.mig_devices == ()

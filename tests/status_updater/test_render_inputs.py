@@ -90,7 +90,7 @@ def test_nodes_and_pods_in_any_two_shapes_render_as_a_list_does(
     tmp_path: Path, shapes: list[str]
 ) -> None:
     """In this process (render's reading, without a CLI each example)."""
-    from status_updater.objects import load_objects
+    from status_updater.inputs import load_objects
 
     skipped: list[str] = []
     n = write(tmp_path / "nodes.yaml", shapes[0], NODES)

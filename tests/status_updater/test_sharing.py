@@ -19,7 +19,9 @@ import pytest
 import yaml
 
 from exporter.cli import parser
-from status_updater.reconcile import allocate, build_node, pod_key
+from status_updater.devices import build_node
+from status_updater.objects import pod_key, slim_node, slim_pod
+from status_updater.placement import place_pods
 from status_updater.state import ClusterState, reconcile
 from tests.live.test_live import running
 from tests.pipeline.test_cli import get
@@ -209,7 +211,7 @@ def test_a_pod_prefers_gpus_it_has_not_picked_when_loads_tie() -> None:
     x0, x1 = (sharing_pod(f"x{i}", f"2026-01-01T00:00:0{i}Z", 1000, 10, node="n2") for i in (0, 1))
     state = ClusterState.of([two_gpu_node(4)], [x0, x1])
     state.delete_pod(pod_key(x0))
-    state.set_pod(sharing_pod("y", "2026-01-01T00:00:02Z", 1000, 10, node="n2", count=4))
+    state.set_pod(slim_pod(sharing_pod("y", "2026-01-01T00:00:02Z", 1000, 10, node="n2", count=4)))
     state.settle()
     assert placement(state.topology()) == [[(0, "y"), (1, "y")], [(0, "x1"), (1, "y"), (2, "y")]]
 
@@ -244,12 +246,12 @@ def test_a_pod_keeps_its_replica_and_the_named_pod_stays_while_it_lives() -> Non
     # p0 ends and p9 arrives (older by its timestamp, but new to the node): p2 keeps replica 1,
     # p9 takes the free replica 0, and the GPU still names p2, which has shared it longest.
     state = ClusterState()
-    state.set_node(node)
+    state.set_node(slim_node(node))
     for p in pods:
-        state.set_pod(p)
+        state.set_pod(slim_pod(p))
     state.settle()
     state.delete_pod(pod_key(pods[0]))
-    state.set_pod(sharing_pod("p9", "2025-12-31T00:00:00Z", 1000, 10, node="n2"))
+    state.set_pod(slim_pod(sharing_pod("p9", "2025-12-31T00:00:00Z", 1000, 10, node="n2")))
     state.settle()
     topology = state.topology()
     assert placement(topology) == [[(0, "p9"), (1, "p2")], [(0, "p1"), (1, "p3")]]
@@ -459,7 +461,7 @@ def test_replicas_held_before_a_restart_are_kept() -> None:
                                                replace(gpu1, status=gpu0.status)))  # fmt: skip
     remembered = load_yaml(dump_yaml(Topology(nodes={"n2": written}))).nodes["n2"]
     built = build_node(node)
-    again = allocate("n2", built, pods, [], previous=remembered)
+    again = place_pods("n2", built, pods, [], previous=remembered)
     assert placement(Topology(nodes={"n2": again})) == [[(0, "p1")], [(0, "p0")]]
 
 

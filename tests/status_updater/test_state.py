@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from status_updater import reconcile as rc
+from status_updater import devices
+from status_updater import state as state_module
+from status_updater.objects import NODE_LABELS, pod_key, slim_node, slim_pod
 from status_updater.state import ClusterState, Unreadable
 from tests.support.base import examples
 from topology import migparted
@@ -93,7 +95,7 @@ def test_any_order_of_events_ends_where_a_fresh_reconcile_ends(
     for i, (kind, name, arg) in enumerate(history):
         if kind == "node":
             nodes[name] = build_node(name, arg)
-            state.set_node(copy.deepcopy(nodes[name]))
+            state.set_node(slim_node(copy.deepcopy(nodes[name])))
         elif kind == "delete-node":
             nodes.pop(name, None)
             state.delete_node(name)
@@ -103,8 +105,8 @@ def test_any_order_of_events_ends_where_a_fresh_reconcile_ends(
                 if kind == "pod"
                 else cpu_pod(name, arg)
             )
-            pods[rc.pod_key(obj)] = obj
-            state.set_pod(copy.deepcopy(obj))
+            pods[pod_key(obj)] = obj
+            state.set_pod(slim_pod(copy.deepcopy(obj)))
             if kind == "pod":
                 claims[name] = arg
             else:
@@ -134,32 +136,32 @@ def test_any_order_of_events_ends_where_a_fresh_reconcile_ends(
 def test_an_event_costs_its_own_node_only() -> None:
     state = ClusterState.of([node("a"), node("b")], [pod("p1", "a", 0, 0), pod("p2", "b", 0, 4)])
     before = dict(state.results)
-    state.set_pod(pod("p1", "a", 0, 0, fb="300"))
+    state.set_pod(slim_pod(pod("p1", "a", 0, 0, fb="300")))
     assert state.settle() == {"a"}
     assert state.results["b"] is before["b"]  # not even recomputed
     # What reconcile does not read changes nothing: a pod without GPUs, a node's status.
-    state.set_pod(cpu_pod("web", "a"))
+    state.set_pod(slim_pod(cpu_pod("web", "a")))
     busy = node("b")
     busy["status"]["conditions"][0]["status"] = "False"
     busy["metadata"]["annotations"]["node.alpha.kubernetes.io/ttl"] = "30"
-    state.set_node(busy)
+    state.set_node(slim_node(busy))
     assert state.settle() == set()
     # A finished pod releases its device, a deleted node goes with its result.
-    state.set_pod(pod("p2", "b", 0, 4, phase="Succeeded"))
+    state.set_pod(slim_pod(pod("p2", "b", 0, 4, phase="Succeeded")))
     state.delete_node("a")
     assert state.settle() == {"a", "b"}
     assert set(state.results) == {"b"}
     # A re-list with the same objects costs nothing.
-    state.reset_nodes([node("b")])
-    state.reset_pods([cpu_pod("web", "a")])
+    state.reset_nodes(map(slim_node, [node("b")]))
+    state.reset_pods(map(slim_pod, [cpu_pod("web", "a")]))
     assert state.settle() == set()
 
 
 def test_only_what_reconcile_reads_is_kept() -> None:
     state = ClusterState()
-    state.set_pod(pod("p1", "a", 0, 0))
-    state.set_pod(cpu_pod("web", "a"))  # never holds a GPU: not kept at all
-    state.set_node(node("a"))
+    state.set_pod(slim_pod(pod("p1", "a", 0, 0)))
+    state.set_pod(slim_pod(cpu_pod("web", "a")))  # never holds a GPU: not kept at all
+    state.set_node(slim_node(node("a")))
     (kept,) = state.pods["a"].values()
     assert kept["metadata"]["annotations"] == {
         "runai-mig-device": json.dumps(
@@ -172,7 +174,7 @@ def test_only_what_reconcile_reads_is_kept() -> None:
         "nodeName": "a",
         "containers": [{"name": "main", "resources": {"limits": {}}}],
     }
-    assert state.nodes["a"]["metadata"]["labels"].keys() == set(rc.NODE_LABELS) - {
+    assert state.nodes["a"]["metadata"]["labels"].keys() == set(NODE_LABELS) - {
         "nvidia.com/gpu.memory",
         "nvidia.com/mig.config",
     }
@@ -184,7 +186,7 @@ def test_a_copied_id_makes_the_later_name_the_bad_node_in_any_order() -> None:
     for order in (["a", "b"], ["b", "a"]):
         state = ClusterState()
         for name in order:
-            state.set_node(node(name, mapping_from="a"))
+            state.set_node(slim_node(node(name, mapping_from="a")))
             state.settle()
         assert isinstance(state.results["a"], NodeTopology)
         bad = state.results["b"]
@@ -193,7 +195,7 @@ def test_a_copied_id_makes_the_later_name_the_bad_node_in_any_order() -> None:
             "node b: gpus[0].mig-devices[0].id: duplicate id MIG-a-0-0 (also node a)"
         )
     # Fixed: b is good again, a untouched.
-    state.set_node(node("b"))
+    state.set_node(slim_node(node("b")))
     assert state.settle() == {"b"}
     assert isinstance(state.results["b"], NodeTopology)
 
@@ -206,7 +208,7 @@ def test_a_node_claiming_the_ids_of_two_others_judges_both_again() -> None:
     a = node("a", mapping_from=("b", "c"))  # b's ids on GPU 0, c's on GPU 1
     a["metadata"]["creationTimestamp"] = older  # the oldest Node keeps them
     state = ClusterState.of([b, c], [])
-    state.set_node(a)
+    state.set_node(slim_node(a))
     state.settle()
     assert [type(state.results[n]).__name__ for n in "abc"] == ["NodeTopology", "Unreadable", "Unreadable"]  # fmt: skip
     state.delete_node("a")
@@ -217,14 +219,14 @@ def test_a_node_claiming_the_ids_of_two_others_judges_both_again() -> None:
 def test_a_node_that_breaks_the_builder_is_one_line_and_the_others_are_built(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    build = rc.build_node
+    build = devices.build_node
 
     def fragile(node: dict[str, Any], *args: Any) -> Any:
         if node["metadata"]["name"] == "b":
             raise ValueError("an odd value")  # a bug, not bad input: the last guard holds
         return build(node, *args)
 
-    monkeypatch.setattr(rc, "build_node", fragile)
+    monkeypatch.setattr(state_module, "build_node", fragile)
     state = ClusterState.of([node("a"), node("b")], [])
     assert isinstance(state.results["a"], NodeTopology)
     assert [str(w) for w in state.node_warnings("b")] == [
@@ -234,7 +236,7 @@ def test_a_node_that_breaks_the_builder_is_one_line_and_the_others_are_built(
 
 def test_a_label_change_that_keeps_the_devices_is_still_a_change() -> None:
     state = ClusterState.of([node("a")], [])
-    state.set_node(node("a", strategy="single"))
+    state.set_node(slim_node(node("a", strategy="single")))
     assert state.settle() == {"a"}
     assert state.node_strategy("a") == "single"
 
@@ -262,8 +264,8 @@ def test_unknown_nodes_have_no_strategy_uid_or_warnings() -> None:
 
 def test_a_relist_drops_what_it_no_longer_holds() -> None:
     state = ClusterState.of([node("a"), node("b")], [pod("p1", "a", 0, 0), pod("p2", "a", 0, 4)])
-    state.reset_nodes([node("a")])
-    state.reset_pods([pod("p2", "a", 0, 4)])
+    state.reset_nodes(map(slim_node, [node("a")]))
+    state.reset_pods(map(slim_pod, [pod("p2", "a", 0, 4)]))
     state.settle()
     assert set(state.results) == {"a"}
     result = state.results["a"]

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from status_updater.objects import slim_node, slim_pod
 from status_updater.state import ClusterState
 from tests.pipeline.test_golden import FB, NODE, assert_plausible, fb_sums, masked, real
 from tests.support.base import SAMPLES, run_cli
@@ -380,7 +381,7 @@ def test_a_pod_that_lost_an_instance_to_a_relabel_never_takes_a_younger_pod_s() 
     state = ClusterState.of(
         [static_node("n", "NVIDIA-A100-SXM4-40GB", 1, "three")], [young], layouts
     )
-    state.set_pod(old)
+    state.set_pod(slim_pod(old))
     state.settle()
 
     def holders() -> dict[int, str | None]:
@@ -390,7 +391,7 @@ def test_a_pod_that_lost_an_instance_to_a_relabel_never_takes_a_younger_pod_s() 
                 for d in result.gpus[0].mig_devices or ()}  # fmt: skip
 
     assert holders() == {7: "young", 8: "old", 9: "old"}
-    state.set_node(static_node("n", "NVIDIA-A100-SXM4-40GB", 1, "two"))
+    state.set_node(slim_node(static_node("n", "NVIDIA-A100-SXM4-40GB", 1, "two")))
     state.settle()
     assert holders() == {7: "young", 9: None}
     assert [str(w) for w in state.all_warnings()] == [

@@ -375,7 +375,7 @@ def a100_sample() -> list[FakeGpu]:
 
 def whole_a100s(node: str, count: int = 2) -> list[FakeGpu]:
     """A100-40GBs with MIG off, with the UUIDs the status updater gives a node's whole GPUs."""
-    from status_updater.reconcile import gpu_uuid
+    from status_updater.devices import gpu_uuid
 
     model = model_for_product("NVIDIA-A100-SXM4-40GB")
     assert model is not None

@@ -1,0 +1,62 @@
+"""The cluster-wide id rule's pieces: a GPU or MIG id belongs to one node (`state.ClusterState`
+keeps the index of who claims which id; these read and mend one node's result)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from topology import runai
+from topology.errors import TopologyError
+from topology.model import Gpu, MigDevice, NodeTopology
+
+
+def device_ids(node: NodeTopology) -> Iterator[tuple[str, str]]:
+    """(field, id) of every GPU and named MIG device of a node."""
+    for gi, gpu in enumerate(node.gpus):
+        yield f"gpus[{gi}].id", gpu.id
+        for di, dev in enumerate(gpu.mig_devices or ()):
+            if dev.id is not None:
+                yield f"gpus[{gi}].mig-devices[{di}].id", dev.id
+
+
+def without_id(node: NodeTopology, uid: str) -> NodeTopology:
+    gpus = tuple(
+        Gpu(
+            g.id,
+            g.status,
+            None
+            if g.mig_devices is None
+            else tuple(
+                MigDevice(d.name, d.position, d.gpu_instance_id, None, d.status)
+                if d.id == uid
+                else d
+                for d in g.mig_devices
+            ),
+        )
+        for g in node.gpus
+    )
+    return NodeTopology(
+        node.gpu_count, node.gpu_memory, node.gpu_product, node.is_dynamic_mig_enabled, gpus,
+        node.sharing,
+    )  # fmt: skip
+
+
+def claim_ignored(node: NodeTopology, uid: str, owner: str) -> TopologyError:
+    """The warning for a pod whose annotation named another node's device id."""
+    holder = next(
+        (d.status.allocated_by for g in node.gpus for d in g.mig_devices or ()
+         if d.id == uid and d.status is not None and d.status.allocated_by is not None),
+        None,
+    )  # fmt: skip
+    obj = f"pod {holder.namespace}/{holder.pod}" if holder else "pod ?"
+    return TopologyError(
+        obj,
+        f"metadata.annotations[{runai.ANNOTATION_POD_MIG_DEVICE}].deviceUUID",
+        f"{uid} is a device of node {owner}: the claim is ignored",
+    )
+
+
+def id_set(node: NodeTopology) -> frozenset[str]:
+    ids = {gpu.id for gpu in node.gpus}
+    ids.update(d.id for gpu in node.gpus for d in gpu.mig_devices or () if d.id is not None)
+    return frozenset(ids)

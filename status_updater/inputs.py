@@ -1,0 +1,90 @@
+"""Reads Kubernetes objects from files the way `kubectl get -o yaml` writes them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from common.text import kind_of, one_line
+from common.yamlload import load_documents, load_json
+
+SUFFIXES = (".yaml", ".yml", ".json")
+
+
+class InputError(Exception):
+    """A path that cannot be read at all: `<path>: <what is wrong>`."""
+
+
+def _files(path: Path) -> Iterator[Path]:
+    if path.is_dir():
+        found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
+        if not found:
+            raise InputError(f"{path}: no .yaml, .yml or .json files in this directory")
+        yield from found
+    elif path.is_file():
+        yield path
+    else:
+        raise InputError(f"{path}: no such file or directory")
+
+
+def _documents(path: Path) -> Iterator[Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read: {e}") from None
+    try:
+        if path.suffix == ".json":
+            yield load_json(text)
+        else:
+            yield from load_documents(text)
+    except (yaml.YAMLError, ValueError) as e:
+        raise InputError(f"{path}: not valid {path.suffix[1:].upper()}: {one_line(e)}") from None
+
+
+def load_objects(
+    paths: list[str], default_kind: str, skipped: list[str]
+) -> Iterator[dict[str, Any]]:
+    """Every Node and Pod in the paths: each document an object, a `kind: List` of them, or a
+    bare sequence (a YAML list, a JSON array) of them; an object without kind is `default_kind`.
+    What is not one is said, one line each into `skipped`, and the rest is read."""
+    for raw in paths:
+        for file in _files(Path(raw)):
+            docs = list(_documents(file))
+            for n, doc in enumerate(docs):
+                where = f"{file}: document {n + 1}" if len(docs) > 1 else str(file)
+                yield from _objects(doc, where, default_kind, skipped)
+
+
+def _objects(
+    doc: object, where: str, default_kind: str, skipped: list[str]
+) -> Iterator[dict[str, Any]]:
+    if doc is None:
+        return  # an empty document: a trailing `---`, or a comment only
+    items: list[tuple[str, object]]
+    if isinstance(doc, list):
+        items = [(f"{where}: [{i}]", item) for i, item in enumerate(doc)]
+    elif isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List"):
+        found = doc.get("items")
+        if found is not None and not isinstance(found, list):
+            skipped.append(f"{where}: items: expected a list of objects, got {kind_of(found)}")
+            return
+        items = [(f"{where}: items[{i}]", item) for i, item in enumerate(found or ())]
+    else:
+        items = [(where, doc)]
+    for at, item in items:
+        if not isinstance(item, dict):
+            skipped.append(f"{at}: expected a Node or a Pod, got {kind_of(item)}: skipped")
+            continue
+        kind = item.get("kind", default_kind)
+        # Kinds are case-sensitive in the API, but what a hand-written `kind: node` means is clear.
+        known = KINDS.get(kind.lower()) if isinstance(kind, str) else None
+        if known is None:
+            skipped.append(f"{at}: a {kind!r} is neither a Node nor a Pod: skipped")
+            continue
+        yield item if item.get("kind") == known else {**item, "kind": known}
+
+
+KINDS = {"node": "Node", "pod": "Pod"}

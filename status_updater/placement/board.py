@@ -1,0 +1,122 @@
+"""The board placement plays on: a node's devices, who holds each, and what is reserved.
+
+Pods that held devices in the node's last result keep them (`kept.py`): while placement runs,
+each such device is reserved for its pod, so an older pod that lost some of its devices (a
+re-partition) never takes a younger pod's. A pod that cannot be placed releases what it
+reserved. The frozen dataclasses are built directly, not with dataclasses.replace: that
+introspects the fields on every call, and was a fifth of a pod event's time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from status_updater.objects import Obj
+from status_updater.placement.kept import Kept, KeptReplicas
+from status_updater.usage import pod_usage
+from topology.catalog import model_for_product
+from topology.errors import TopologyError
+from topology.model import AllocatedBy, DeviceStatus, Gpu, MigDevice, NodeTopology, Replica
+
+Device = tuple[int, int | None]  # (GPU index, MIG device index on it, or None: the whole GPU)
+
+
+class Board:
+    """A node's devices while pods are placed on them."""
+
+    def __init__(
+        self,
+        name: str,
+        node: NodeTopology,
+        single: bool = False,
+        kept: Kept | None = None,
+        kept_replicas: KeptReplicas | None = None,
+        named: Mapping[Device, AllocatedBy] | None = None,
+    ) -> None:
+        self.name = name
+        self.node = node
+        # The single strategy's `nvidia.com/gpu` is a MIG instance where the GPUs have them.
+        self.single = single and any(g.mig_devices for g in node.gpus)
+        self.model = model_for_product(node.gpu_product)
+        self.gpus = [Gpu(g.id, None, g.mig_devices) for g in node.gpus]
+        self.migs = [list(g.mig_devices) if g.mig_devices is not None else None for g in node.gpus]
+        self.holders: dict[tuple[int, int], str] = {}  # run:ai's (GPU, position) -> pod
+        self.kept: Kept = kept or {}
+        self.reserved = {(g, d): uid for uid, held in self.kept.items() for g, d, _ in held}
+        # Shared devices: (GPU, MIG device or None) -> replica index -> (pod uid, replica).
+        self.replicas: dict[Device, dict[int, Replica]] = {}
+        self.kept_replicas: KeptReplicas = kept_replicas or {}
+        self.named = named or {}  # shared devices -> the pod they named before
+        self.reserved_replicas = {
+            (g, d, r): uid for uid, held in self.kept_replicas.items() for g, d, r, _ in held
+        }
+
+    def release(self, uid: str) -> None:
+        """The pod's reservations end: it was not placed."""
+        self.reserved = {k: v for k, v in self.reserved.items() if v != uid}
+        self.reserved_replicas = {k: v for k, v in self.reserved_replicas.items() if v != uid}
+
+    def result(self) -> NodeTopology:
+        n = self.node
+        gpus = tuple(
+            Gpu(g.id, g.status, tuple(m) if m is not None else None)
+            for g, m in zip(self.gpus, self.migs, strict=True)
+        )
+        return NodeTopology(
+            n.gpu_count, n.gpu_memory, n.gpu_product, n.is_dynamic_mig_enabled, gpus, n.sharing
+        )
+
+    def free_gpus(self, uid: str) -> list[int]:
+        """The free whole GPUs, those the pod held before first."""
+        free = [i for i, g in enumerate(self.gpus) if g.status is None and self.migs[i] is None
+                and self.reserved.get((i, None), uid) == uid]  # fmt: skip
+        mine = {g for g, d, _ in self.kept.get(uid, ()) if d is None}
+        return sorted(free, key=lambda i: (i not in mine, i))
+
+    def hold(
+        self,
+        pod: Obj,
+        obj: str,
+        allocated_by: AllocatedBy,
+        uid: str,
+        warnings: list[TopologyError],
+        indices: list[int],
+    ) -> None:
+        """Whole GPUs `indices` held by the pod's `allocated_by` container."""
+        if not indices:
+            return
+        fb_total = self.model.fb_total_mib if self.model else self.node.gpu_memory
+        usage = pod_usage(pod, obj, fb_total, warnings)
+        for i in indices:
+            gpu = self.gpus[i]
+            self.gpus[i] = Gpu(gpu.id, DeviceStatus(allocated_by, {uid: usage}), gpu.mig_devices)
+
+    def set_status(self, g: int, d: int | None, status: DeviceStatus) -> None:
+        """Device (g, d)'s status (d None: the whole GPU)."""
+        if d is None:
+            gpu = self.gpus[g]
+            self.gpus[g] = Gpu(gpu.id, status, gpu.mig_devices)
+        else:
+            devices = self.migs[g]
+            assert devices is not None
+            dev = devices[d]
+            devices[d] = MigDevice(dev.name, dev.position, dev.gpu_instance_id, dev.id, status)
+
+    def status(self, g: int, d: int | None) -> DeviceStatus | None:
+        return self.gpus[g].status if d is None else (self.migs[g] or [])[d].status
+
+    def mig_fb_total(self, profile_name: str) -> int:
+        """A MIG instance's memory in MiB (0 for a profile the catalog does not know)."""
+        profile = self.model.profile(profile_name) if self.model else None
+        return profile.fb_total_mib if profile else 0
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One way pods get devices. The first policy whose `applies` is true of a pod on a node
+    places it there (`placement.POLICIES`); a pod that does not fit raises TopologyError."""
+
+    name: str
+    applies: Callable[[Board, Obj], bool]
+    place: Callable[[Board, Obj, list[TopologyError]], None]

@@ -1,0 +1,157 @@
+"""Policy: replicas of shared devices (time-slicing, MPS), as the device plugin's `distributed`
+policy hands them out, container by container: one at a time, on the device with the fewest
+replicas taken (the pod's earlier containers' included), preferring devices not yet picked for
+this container, then the lowest GPU index and GI id; there, the lowest free replica. A pod keeps
+the replicas it held. A pod that does not fit gets nothing."""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, deque
+
+from status_updater.objects import Obj, names, pod_ref, pod_uid, requests
+from status_updater.placement.board import Board, Device, Policy
+from status_updater.usage import pod_usage
+from topology import runai
+from topology.errors import TopologyError
+from topology.model import AllocatedBy, DeviceStatus, PodUsage, Replica
+from topology.sharing import GPU_RESOURCE, base_resource
+
+Pick = tuple[int, int | None, int]  # (GPU, MIG device or None, replica)
+
+
+def applies(board: Board, pod: Obj) -> bool:
+    return board.node.sharing is not None
+
+
+def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
+    obj, uid = pod_ref(pod), pod_uid(pod)
+    namespace, pod_name = names(pod)
+    picks: list[tuple[int, int | None, int, str]] = []  # (gpu, MIG device, replica, container)
+    taken: set[Pick] = set()  # by this pod's earlier containers
+    for ci, container, resource, count in requests(pod):
+        chosen = _container_picks(board, obj, uid, ci, container, resource, count, taken)
+        picks += [(g, d, r, container) for g, d, r in chosen]
+        taken.update(chosen)
+    usages: dict[Device, PodUsage] = {}
+    for g, d, r, container in picks:
+        holder = AllocatedBy(namespace, pod_name, container)
+        board.replicas.setdefault((g, d), {})[r] = Replica(r, holder, uid)
+        if (g, d) not in usages:
+            most, share = _replica_memory(board, g, d)
+            usages[g, d] = pod_usage(pod, obj, most, warnings, share)
+    for g, d in usages:
+        _set_shared_status(board, g, d, uid, usages[g, d])
+
+
+def _container_picks(
+    board: Board,
+    obj: str,
+    uid: str,
+    ci: int,
+    container: str,
+    resource: str,
+    count: int,
+    taken: set[Pick],
+) -> list[Pick]:
+    """One container's `count` replicas of `resource`: those it kept, then the policy's picks."""
+    assert board.node.sharing is not None
+    per_device = board.node.sharing.replicas
+
+    def free(g: int, d: int | None, r: int) -> bool:
+        return (
+            r not in board.replicas.get((g, d), {})
+            and (g, d, r) not in taken
+            and board.reserved_replicas.get((g, d, r), uid) == uid
+        )
+
+    resource = base_resource(resource)
+    profile = None if resource == GPU_RESOURCE else resource.removeprefix(
+        runai.MIG_RESOURCE_PREFIX)  # fmt: skip
+    devices = _shared_devices(board, profile)
+    known = set(devices)
+    mine = [(g, d, r) for g, d, r, c in board.kept_replicas.get(uid, ())
+            if c == container and (g, d) in known and free(g, d, r)]  # fmt: skip
+    chosen: list[Pick] = mine[:count]
+    held = set(chosen)
+    # Per device, the replicas still free for this container, lowest first: built once and
+    # taken from the front, as each pick takes a device's lowest. (Looking for it again on
+    # every device at every pick made a large request cubic in the replicas.)
+    open_replicas = {
+        (g, d): deque(r for r in range(per_device) if free(g, d, r) and (g, d, r) not in held)
+        for g, d in devices
+    }
+    # This container's replicas per device; with those taken before (by other pods and this
+    # pod's earlier containers: the kubelet allocates containers in turn), the load.
+    picked = Counter((g, d) for g, d, _ in chosen)
+    before = Counter((g, d) for g, d, _ in taken)
+    load = {dev: len(board.replicas.get(dev, {})) + before[dev] for dev in devices}
+    # The devices by what the next pick prefers; only the picked one's place changes.
+    ranked = [(load[v] + picked[v], picked[v], _order(board, v), v)
+              for v in devices if open_replicas[v]]  # fmt: skip
+    heapq.heapify(ranked)
+    for _ in range(count - len(chosen)):
+        if not ranked:
+            free_count = sum(1 for dev in devices for r in range(per_device) if free(*dev, r))
+            field = f"spec.containers[{ci}].resources.limits[{resource}]"
+            what = f"{count} {profile or 'GPU'} replicas"
+            raise TopologyError(
+                obj, field, f"asks for {what}, node {board.name} has {free_count} free"
+            )
+        *_, dev = heapq.heappop(ranked)
+        chosen.append((*dev, open_replicas[dev].popleft()))
+        picked[dev] += 1
+        if open_replicas[dev]:
+            heapq.heappush(ranked, (load[dev] + picked[dev], picked[dev], _order(board, dev), dev))
+    return chosen
+
+
+def _shared_devices(board: Board, profile: str | None) -> list[Device]:
+    """The devices a shared resource's replicas come from: whole GPUs for `nvidia.com/gpu`
+    (the MIG instances under GFD's single strategy), or the MIG instances of `profile`."""
+    if profile is None and not board.single:
+        return [(g, None) for g in range(len(board.gpus)) if board.migs[g] is None]
+    return [(g, d) for g, devices in enumerate(board.migs) for d, dev in enumerate(devices or ())
+            if profile is None or dev.name == profile]  # fmt: skip
+
+
+def _order(board: Board, dev: Device) -> tuple[int, int]:
+    g, d = dev
+    devices = board.migs[g]
+    return (g, -1 if d is None or devices is None else devices[d].gpu_instance_id)
+
+
+def _replica_memory(board: Board, g: int, d: int | None) -> tuple[int, int]:
+    """(the most one pod may use, its fair share) of the device in MiB: all of it under
+    time-slicing (memory is not isolated), total / replicas under MPS (the control daemon's
+    pinned memory limit); the share is total / replicas either way."""
+    sharing = board.node.sharing
+    assert sharing is not None
+    if d is None:
+        total = board.model.fb_total_mib if board.model else board.node.gpu_memory
+    else:
+        devices = board.migs[g]
+        assert devices is not None
+        total = board.mig_fb_total(devices[d].name)
+    share = total // sharing.replicas
+    return (share if sharing.strategy == "mps" else total), share
+
+
+def _set_shared_status(board: Board, g: int, d: int | None, uid: str, usage: PodUsage) -> None:
+    """The device's status from its replicas: every holder's usage, and as `allocated-by`
+    (the pod dcgm-exporter's default mode names) the pod it named before, while that pod
+    holds a replica there; else the pod placed on it first: pods that held replicas place
+    first, oldest first, so it is the pod that has shared it longest. (Not simply the first
+    placed: a pod that kept its replica and an older newcomer place in the other order on
+    the next pass, and the name would move.)"""
+    replicas = tuple(sorted(board.replicas[g, d].values(), key=lambda r: r.index))
+    old = board.status(g, d)
+    usages = {**(old.pod_gpu_usage_status if old else {}), uid: usage}
+    named = board.named.get((g, d))
+    if named is None or all(r.holder != named for r in replicas):
+        first = old.allocated_by if old is not None else None
+        named = first or next(r.holder for r in replicas if r.pod_uid == uid)
+    board.set_status(g, d, DeviceStatus(named, usages, replicas))
+
+
+POLICY = Policy("shared replicas", applies, place)
