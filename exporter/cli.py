@@ -1,4 +1,5 @@
-"""`python -m exporter`: DCGM-compatible `/metrics` for one node of the topology."""
+"""`python -m exporter`: DCGM-compatible `/metrics` for one node of the topology, for every node
+(`--all-nodes`), or for this machine's GPUs read through NVML (`--source nvml`)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,13 @@ from exporter import dcgm, nvml
 from exporter.collector import DEFAULT_INTERVAL_MS, NvmlExporter
 from exporter.fields import CountersError, read_counters
 from exporter.many import NodesExporter
-from exporter.service import Exporter, Sink, follow_file, read_topology_file
-from exporter.source import missing_node, node_of
+from exporter.node import missing_node, node_of
+from exporter.service import Exporter
+from exporter.sources import file_source, read_topology_file, watches
 from kube.api import port
-from topology.configmap import node_configmap_name
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
-from topology.settings import add_layout_argument, topology_name, topology_namespace
+from topology.settings import add_layout_argument
 from web.config import WebConfigError, load
 from web.server import MetricsServer, Published
 
@@ -49,6 +50,29 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m exporter",
         description="Serve the DCGM metrics of one node of the MIG topology, or of this machine's GPUs through NVML.",
     )
+    _topology_arguments(p)
+    p.add_argument("--once", action="store_true", help="print the exposition and exit")
+    p.add_argument("--address", default="0.0.0.0", help="listen address (default 0.0.0.0)")
+    p.add_argument("--port", type=port, default=9400, help="listen port (default 9400)")
+    _series_arguments(p)
+    p.add_argument(
+        "--web-config-file",
+        type=Path,
+        metavar="FILE",
+        default=os.environ.get("WEB_CONFIG_FILE") or None,
+        help="TLS, client certificates and basic auth for /metrics and /health, in Prometheus "
+        "exporter-toolkit's web config format (env WEB_CONFIG_FILE; default plain HTTP, open)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig when not in a cluster (env KUBECONFIG)",
+    )
+    return p
+
+
+def _topology_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the GPUs and the topology are read from, and which nodes are served."""
     p.add_argument(
         "--source",
         choices=("topology", "nvml"),
@@ -95,9 +119,10 @@ def parser() -> argparse.ArgumentParser:
         metavar="LABELSELECTOR",
         help="with --all-nodes: only the nodes whose labels match, e.g. type=kwok",
     )
-    p.add_argument("--once", action="store_true", help="print the exposition and exit")
-    p.add_argument("--address", default="0.0.0.0", help="listen address (default 0.0.0.0)")
-    p.add_argument("--port", type=port, default=9400, help="listen port (default 9400)")
+
+
+def _series_arguments(p: argparse.ArgumentParser) -> None:
+    """What the series say beyond the GPUs: labels, fields, pods."""
     p.add_argument(
         "--driver-version",
         default=os.environ.get("DRIVER_VERSION") or dcgm.DEFAULT_DRIVER_VERSION,
@@ -131,20 +156,6 @@ def parser() -> argparse.ArgumentParser:
         help="a shared GPU's (time-slicing, MPS) series once per pod sharing it, with a vgpu "
         "label, as dcgm-exporter's flag (env KUBERNETES_VIRTUAL_GPUS=true)",
     )
-    p.add_argument(
-        "--web-config-file",
-        type=Path,
-        metavar="FILE",
-        default=os.environ.get("WEB_CONFIG_FILE") or None,
-        help="TLS, client certificates and basic auth for /metrics and /health, in Prometheus "
-        "exporter-toolkit's web config format (env WEB_CONFIG_FILE; default plain HTTP, open)",
-    )
-    p.add_argument(
-        "--kubeconfig",
-        default=os.environ.get("KUBECONFIG"),
-        help="kubeconfig when not in a cluster (env KUBECONFIG)",
-    )
-    return p
 
 
 def milliseconds(text: str) -> int:
@@ -172,7 +183,7 @@ def _once(args: argparse.Namespace, options: dcgm.Options) -> int:
                 print(f"warning: {e}", file=sys.stderr)
         many = NodesExporter(options, Published())
         many.update(Topology(topology.mig_strategy, good), obj)
-        sys.stdout.buffer.write(many.render().body)
+        sys.stdout.buffer.write(many.snapshot().body)
         return EXIT_OK
     node = _node_in(topology, args.node_name, obj)
     sys.stdout.buffer.write(dcgm.render(node, options, time.time()))
@@ -241,13 +252,7 @@ def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
         signal.signal(sig, shutdown)
     sources: list[threading.Thread] = []
     if args.topology_file is not None:
-        # A first read that fails is unusable input; later failures keep the last good state.
-        exporter.update(
-            read_topology_file(args.topology_file), f"topology file {args.topology_file}"
-        )
-        sources = [threading.Thread(
-            target=follow_file, args=(args.topology_file, exporter, stop), daemon=True
-        )]  # fmt: skip
+        sources = [file_source(args.topology_file, exporter, stop)]
     elif args.source == "topology" or args.watch_topology:
         from kube.api import ConfigError, api_client
 
@@ -256,7 +261,7 @@ def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_USAGE
-        sources = _watches(args, exporter, stop, client)
+        sources = watches(exporter, stop, client, args.layout, args.node_name, args.node_selector)
     try:
         server = MetricsServer(published, args.address, args.port, web)
     except OSError as e:
@@ -279,30 +284,6 @@ def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
     if nv is not None:
         _shutdown(nv)
     return EXIT_OK
-
-
-def _watches(
-    args: argparse.Namespace, exporter: Sink, stop: threading.Event, client: object
-) -> list[threading.Thread]:
-    """The watches that feed the exporter: which ConfigMaps follows from the layout."""
-    from exporter.watch import watch_configmap, watch_node_configmaps, watch_selected_nodes
-
-    namespace = topology_namespace()
-    if isinstance(exporter, NodesExporter) and args.layout == "per-node":
-        threads = [threading.Thread(
-            target=watch_node_configmaps, args=(exporter, stop, client, namespace), daemon=True
-        )]  # fmt: skip
-    else:
-        name = topology_name() if args.layout == "single" else node_configmap_name(args.node_name)
-        threads = [threading.Thread(
-            target=watch_configmap, args=(exporter, stop, client, name, namespace), daemon=True
-        )]  # fmt: skip
-    if isinstance(exporter, NodesExporter) and args.node_selector:
-        threads.append(threading.Thread(
-            target=watch_selected_nodes, args=(exporter, stop, client, args.node_selector),
-            daemon=True,
-        ))  # fmt: skip
-    return threads
 
 
 def main(argv: Sequence[str] | None = None) -> int:

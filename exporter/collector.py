@@ -1,9 +1,10 @@
 """`--source nvml`: collect from NVML on an interval, publish the rendering, say when it is stale.
 
-Collections run in the exporter's own loop, never in a scrape: `/metrics` serves the last one.
+Collections run in the render loop (`tick`), never in a scrape: `/metrics` serves the last one.
 A collection that fails keeps the last good one served, counts the failure, and turns `/health`
 to 503 with NVML's reason until a collection succeeds again. A topology (file or ConfigMap), when
-given, only names the pods holding the GPUs; its problems are reported the same way.
+given, only names the pods holding the GPUs; its problems are reported the same way, and
+`/health` names both sources' problems.
 """
 
 from __future__ import annotations
@@ -12,19 +13,19 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import ModuleType
 
-from common.selfmetrics import InvalidObjects, kind_of
 from exporter import dcgm, nvml
-from exporter.service import wait_for_work
-from exporter.source import missing_node, node_of
-from topology.errors import TopologyError
-from topology.model import NodeTopology, Topology
+from exporter.health import Health
+from exporter.loop import RenderLoop
+from exporter.node import OneNodeSink
+from topology.model import NodeTopology
 from web.server import Published, Snapshot
 
 log = logging.getLogger("exporter")
 DEFAULT_INTERVAL_MS = 30_000  # dcgm-exporter's default collect interval
+NVML = "nvml"  # the problem key of collections; the topology's is OneNodeSink.KEY
 
 
 def _rfc3339(at: float) -> str:
@@ -33,8 +34,11 @@ def _rfc3339(at: float) -> str:
     )
 
 
-class NvmlExporter:
+class NvmlExporter(OneNodeSink, RenderLoop):
     """Collects every `interval_s` seconds and serves the last good collection."""
+
+    KEEPS = "pod labels from the last good topology"
+    STOPPED = OneNodeSink.KEY  # the only sources are the topology's
 
     def __init__(
         self,
@@ -45,24 +49,28 @@ class NvmlExporter:
         node_name: str | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
+        super().__init__(published, Health(every=True), clock)
         self.nv = nv
         self.options = options
-        self.published = published
         self.interval_s = interval_s
-        self.node_name = node_name
-        self.clock = clock or (lambda: time.time())
-        self.wake = threading.Event()
+        self.node_name = node_name or ""
         self._lock = threading.Lock()  # the counts below are read by scrapes' snapshots
         self._sample: nvml.NodeSample | None = None
         self._collected_at: float | None = None
         self._failures = 0
         self._lost: tuple[str, ...] = ()
         self._node: NodeTopology | None = None  # the pods holding this node's GPUs, if given
-        self._problems: dict[str, str] = {}  # "nvml" / "topology" -> why /health is 503
-        self._counted: TopologyError | None = None
-        self.invalid = InvalidObjects("mig_exporter_invalid_objects_total")
+        self._due = float("-inf")  # when the next collection is (time.monotonic)
 
     # --- NVML ------------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        if time.monotonic() >= self._due:
+            self.collect()
+            self._due = time.monotonic() + self.interval_s
+
+    def due_in(self) -> float:
+        return self._due - time.monotonic()
 
     def collect(self) -> None:
         """One collection: the new sample served, or the last kept and the failure reported."""
@@ -76,7 +84,7 @@ class NvmlExporter:
                 if self._collected_at is not None
                 else "nothing collected yet"
             )
-            self._set_problem("nvml", f"stale: {e}; {when}")
+            self.health.set(NVML, f"stale: {e}; {when}")
             return
         if sample.lost != self._lost:
             for gpu in sample.lost:
@@ -85,49 +93,15 @@ class NvmlExporter:
             self._lost = sample.lost
         with self._lock:
             self._sample, self._collected_at = sample, self.clock()
-        self._set_problem("nvml", None)
+        self.health.clear(NVML, "NVML is good again")
 
-    # --- the topology that names pods (a Sink for follow_file and the watches) -------------------
+    # --- the topology that names pods (OneNodeSink: fed by a file or a ConfigMap) ---------------
 
-    def update(self, topology: Topology, obj: str) -> None:
-        name = self.node_name or ""
-        try:
-            node = node_of(topology, name, obj)
-        except TopologyError as e:
-            self._count(TopologyError(f"node {name}", e.field, e.message))
-            self._set_problem("topology", f"{e}; pod labels from the last good topology")
-        else:
-            if node is None:
-                reason = missing_node(topology, name, obj)
-                self._set_problem("topology", f"{reason}; pod labels from the last good topology")
-            else:
-                self._node, self._counted = node, None
-                self._set_problem("topology", None)
-        self.wake.set()
+    def take(self, node: NodeTopology) -> None:
+        self._node = node
 
-    def rejected(self, e: TopologyError) -> None:
-        self._count(e)
-        self.problem(f"{e}; pod labels from the last good topology")
-
-    def problem(self, reason: str) -> None:
-        self._set_problem("topology", reason)
-        self.wake.set()
-
-    def _count(self, e: TopologyError) -> None:
-        if e != self._counted:
-            self._counted = e
-            self.invalid.count(kind_of(e.obj))
-
-    def _set_problem(self, source: str, reason: str | None) -> None:
-        before = self._problems.get(source)
-        if reason == before:
-            return
-        if reason:
-            log.warning("%s", reason)
-            self._problems[source] = reason
-        else:
-            log.info("%s is good again", "NVML" if source == "nvml" else "the topology")
-            del self._problems[source]
+    def good_again(self) -> str:
+        return "the topology is good again"
 
     # --- out -------------------------------------------------------------------------------------
 
@@ -150,18 +124,5 @@ class NvmlExporter:
         with self._lock:
             sample = self._sample
         body = b"" if sample is None else nvml.render(sample, self.options, self._node)
-        reason = "; ".join(self._problems[k] for k in sorted(self._problems))
-        return Snapshot((body,), not reason, reason or "ok", self.own_metrics(), sample is not None)
-
-    def run(self, stop: threading.Event, sources: Sequence[threading.Thread] = ()) -> None:
-        """Collect on the interval; publish after each collection and each topology change."""
-        due = time.monotonic()
-        while not stop.is_set():
-            if time.monotonic() >= due:
-                self.collect()
-                due = time.monotonic() + self.interval_s
-            self.wake.clear()
-            self.published.publish(self.snapshot())
-            gone = wait_for_work(self.wake, due - time.monotonic(), sources, stop)
-            if gone:
-                self._set_problem("topology", gone)
+        healthy, reason = self.health.state()
+        return Snapshot((body,), healthy, reason, self.own_metrics(), sample is not None)

@@ -60,7 +60,7 @@ def test_no_gpus_counter_ever_goes_back_whatever_the_clock_and_the_nodes_do(
             many.remove_source(f"topology-{action[1]}")
         else:
             many.select(set(action[1]))
-        for s in parse(many.render().body.decode()):
+        for s in parse(many.snapshot().body.decode()):
             if s.name == ENERGY:
                 key = (s.label("Hostname"), s.label("UUID"))
                 assert s.value >= highest.get(key, 0), (key, s.value, highest[key])
@@ -111,7 +111,7 @@ def test_a_node_that_comes_back_after_the_clock_went_back_counts_on_from_its_las
     many = NodesExporter(dcgm.Options("ignored"), Published(), clock=lambda: now[0])
 
     def energy() -> dict[str, float]:
-        return {s.label("UUID"): s.value for s in parse(many.render().body.decode())
+        return {s.label("UUID"): s.value for s in parse(many.snapshot().body.decode())
                 if s.name == ENERGY}  # fmt: skip
 
     many.update_source("topology-a", node_doc("a", 100), "cm")

@@ -22,7 +22,7 @@ import pytest
 
 from exporter import dcgm
 from exporter.many import NodesExporter
-from exporter.watch import watch_node_configmaps, watch_selected_nodes
+from exporter.sources import watch_node_configmaps, watch_selected_nodes
 from kube import api
 from tests.exporter.test_exporter import MIG
 from tests.exporter.test_serve import restore_signals, serve  # noqa: F401 (restore_signals: autouse here too)
@@ -61,7 +61,7 @@ def heal(kube: KubeAPI) -> None:
 
 
 def served(many: NodesExporter) -> set[str]:
-    return {s.label("Hostname") for s in parse(many.render().body.decode())}
+    return {s.label("Hostname") for s in parse(many.snapshot().body.decode())}
 
 
 @pytest.fixture
@@ -152,13 +152,13 @@ def test_a_failing_node_list_keeps_the_last_selection_and_the_configmaps_cannot_
     with KubeAPI.start() as kube, watching(kube) as many:
         add_node(kube, "kwok-1", kwok=True)
         add_node(kube, "real-1", kwok=False)
-        eventually(lambda: served(many) == {"kwok-1"} and many.render().healthy, timeout=15)
+        eventually(lambda: served(many) == {"kwok-1"} and many.snapshot().healthy, timeout=15)
         # The Nodes fail (a 500 on the watch, then on each list): the Node watch waits to retry.
         since = len(kube.journal())
         fail_nodes(kube, 500)
         kube.cut_watches()
-        eventually(lambda: "HTTP 500" in many.render().reason, timeout=15)
-        snap = many.render()
+        eventually(lambda: "HTTP 500" in many.snapshot().reason, timeout=15)
+        snap = many.snapshot()
         assert not snap.healthy and snap.reason.startswith(f"Nodes -l {SELECTOR}: HTTP 500 ")
         assert snap.reason.endswith("; serving the nodes last selected")
         # The ConfigMap watch lists again meanwhile (its watch expired): that is no news about
@@ -167,14 +167,14 @@ def test_a_failing_node_list_keeps_the_last_selection_and_the_configmaps_cannot_
         kube.expire_watches(1)
         kube.cut_watches()
         eventually(after(kube, "configmaps", since, failed=False), timeout=15)
-        snap = many.render()
+        snap = many.snapshot()
         assert not snap.healthy and snap.reason.startswith(f"Nodes -l {SELECTOR}: HTTP 500 ")
         # A node whose ConfigMap appears now is not served: it was never selected. (kwok-1's
         # ConfigMap deleted after it: once that is seen, real-2's has been too.)
         add_configmap(kube, "real-2")  # (its Node cannot be created while the Nodes fail)
         kube.delete("configmaps", "topology-kwok-1", namespace=NS)
         eventually(lambda: served(many) == set(), timeout=15)
-        assert not many.render().healthy
+        assert not many.snapshot().healthy
 
 
 def test_once_the_nodes_are_listed_again_health_is_good_again(
@@ -182,15 +182,15 @@ def test_once_the_nodes_are_listed_again_health_is_good_again(
 ) -> None:
     with KubeAPI.start() as kube, watching(kube) as many:
         add_node(kube, "kwok-1", kwok=True)
-        eventually(lambda: served(many) == {"kwok-1"} and many.render().healthy, timeout=15)
+        eventually(lambda: served(many) == {"kwok-1"} and many.snapshot().healthy, timeout=15)
         fail_nodes(kube, 503)
         kube.cut_watches()
-        eventually(lambda: "HTTP 503" in many.render().reason, timeout=15)
+        eventually(lambda: "HTTP 503" in many.snapshot().reason, timeout=15)
         # Only the Nodes list again; the ConfigMap watch goes on as it was.
         since = len(kube.journal())
         heal(kube)
         gated["nodes"].set()
         eventually(after(kube, "nodes", since, failed=False), timeout=15)
-        eventually(lambda: many.render().healthy, timeout=5)
-        assert (many.render().reason, served(many)) == ("ok", {"kwok-1"})
+        eventually(lambda: many.snapshot().healthy, timeout=5)
+        assert (many.snapshot().reason, served(many)) == ("ok", {"kwok-1"})
         assert not after(kube, "configmaps", since, failed=False)()

@@ -54,7 +54,7 @@ def test_one_body_with_each_node_as_its_own_exporter_would_serve_it() -> None:
     for name in ("b", "a"):
         many.update_source(f"topology-{name}", doc(name, MIG), f"ConfigMap {name}")
     many.update_source("topology-k80", doc("k80", whole_gpu(50, 50)), "ConfigMap k80")
-    snap = many.render()
+    snap = many.snapshot()
     assert snap.healthy and snap.reason == "ok"
     text = snap.body.decode()
     series = parse(text)  # Prometheus' parser accepts it: each family once
@@ -78,7 +78,7 @@ def test_a_change_renders_only_its_node(rendered: list[str]) -> None:
     many = exporter()
     for name in ("a", "b", "c"):
         many.update_source(f"topology-{name}", doc(name, MIG), name)
-    many.render()
+    many.snapshot()
     assert sorted(rendered) == ["a", "b", "c"]
     rendered.clear()
     (node,) = MIG.nodes.values()
@@ -87,7 +87,7 @@ def test_a_change_renders_only_its_node(rendered: list[str]) -> None:
         gpu.id, mig_devices=(MigDevice("7g.40gb", 0, 0),)),)})  # fmt: skip
     many.update_source("topology-b", Topology("mixed", {"b": repartitioned}), "b")
     many.update_source("topology-c", doc("c", MIG), "c")  # the same again: no change
-    body = many.render().body.decode()
+    body = many.snapshot().body.decode()
     assert rendered == ["b"]
     assert {s.label("GPU_I_PROFILE") for s in parse(body) if s.label("Hostname") == "b"} == {
         "7g.40gb"
@@ -102,13 +102,13 @@ def test_every_gpu_node_renders_again_on_a_new_step_and_not_within_one(
         many = exporter()
         many.update_source("topology-mig", doc("mig", MIG), "mig")
         many.update_source("topology-idle", doc("idle", whole_gpu(0, 0)), "idle")
-        many.render()
+        many.snapshot()
         rendered.clear()
         clock.tick(dcgm.UTILIZATION_STEP_S / 2)
-        many.render()
+        many.snapshot()
         assert rendered == []
         clock.tick(dcgm.UTILIZATION_STEP_S)
-        many.render()
+        many.snapshot()
         assert sorted(rendered) == ["idle", "mig"]
 
 
@@ -124,13 +124,13 @@ def test_only_nodes_that_move_in_time_render_on_a_new_step(rendered: list[str]) 
         many = exporter(counters)
         many.update_source("topology-mig", doc("mig", MIG), "mig")
         many.update_source("topology-busy", doc("busy", whole_gpu(0, 100)), "busy")
-        many.render()
+        many.snapshot()
         rendered.clear()
         clock.tick(dcgm.UTILIZATION_STEP_S / 2)
-        many.render()
+        many.snapshot()
         assert rendered == []  # same step: nothing moves
         clock.tick(dcgm.UTILIZATION_STEP_S)
-        many.render()
+        many.snapshot()
         assert rendered == ["busy"]
 
 
@@ -138,13 +138,13 @@ def test_a_bad_node_keeps_its_last_good_series_and_the_others_go_on() -> None:
     many = exporter()
     many.update_source("topology-a", doc("a", MIG), "ConfigMap gpu-operator/topology-a")
     many.update_source("topology-b", doc("b", MIG), "ConfigMap gpu-operator/topology-b")
-    good = many.render().body
+    good = many.snapshot().body
     (node,) = MIG.nodes.values()
     broken = node.__class__(**{**node.__dict__, "gpu_product": "NVIDIA-H200"})  # no such profiles
     many.update_source(
         "topology-a", Topology("mixed", {"a": broken}), "ConfigMap gpu-operator/topology-a"
     )
-    snap = many.render()
+    snap = many.snapshot()
     assert snap.body == good
     assert not snap.healthy
     assert snap.reason.startswith(
@@ -152,7 +152,7 @@ def test_a_bad_node_keeps_its_last_good_series_and_the_others_go_on() -> None:
     )
     assert len(snap.reason.splitlines()) == 1
     many.update_source("topology-a", doc("a", MIG), "ConfigMap gpu-operator/topology-a")
-    assert many.render().healthy
+    assert many.snapshot().healthy
 
 
 def test_sources_and_the_node_selector_decide_which_nodes_are_served() -> None:
@@ -161,7 +161,7 @@ def test_sources_and_the_node_selector_decide_which_nodes_are_served() -> None:
         many.update_source(f"topology-{name}", doc(name, MIG), name)
 
     def hosts() -> set[str]:
-        return {s.label("Hostname") for s in parse(many.render().body.decode())}
+        return {s.label("Hostname") for s in parse(many.snapshot().body.decode())}
 
     assert hosts() == {"a", "b", "c"}
     many.remove_source("topology-a")  # its ConfigMap was deleted
@@ -174,7 +174,7 @@ def test_sources_and_the_node_selector_decide_which_nodes_are_served() -> None:
     many.select({"b", "c"})
     assert hosts() == {"b", "c"}
     many.problem("ConfigMaps gpu-operator: HTTP 500 Internal Server Error")
-    snap = many.render()
+    snap = many.snapshot()
     assert (
         not snap.healthy
         and snap.reason == "ConfigMaps gpu-operator: HTTP 500 Internal Server Error"
@@ -190,34 +190,34 @@ def test_a_node_that_goes_leaves_no_energy_counter_behind() -> None:
         many = exporter()
         for name, percent in (("a", 0), ("b", 100)):
             many.update_source(f"topology-{name}", doc(name, whole_gpu(percent, percent)), name)
-        many.render()
+        many.snapshot()
         clock.tick(dcgm.UTILIZATION_STEP_S)
-        body = parse(many.render().body.decode())
+        body = parse(many.snapshot().body.decode())
         energy = {s.label("Hostname"): s.value for s in body
                   if s.name == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" and s.label("gpu") == "0"}  # fmt: skip
         assert energy["b"] > energy["a"]  # the busy node's GPU 0 drew more in the step
         assert len(many.options.energy) == 4
         many.remove_source("topology-a")
-        many.render()
+        many.snapshot()
         assert len(many.options.energy) == 2
         many.select(set())  # nothing selected: nothing served, nothing counted
-        many.render()
+        many.snapshot()
         assert len(many.options.energy) == 0
 
 
 def test_health_says_the_first_problem_and_how_many_more(caplog: pytest.LogCaptureFixture) -> None:
     many = exporter()
-    snap = many.render()
+    snap = many.snapshot()
     assert not snap.ready and not snap.healthy and snap.reason == "no topology yet"
     many.problem(None)  # listed, and the namespace has no ConfigMap: a true, empty state
-    snap = many.render()
+    snap = many.snapshot()
     assert snap.ready and snap.healthy and snap.body == b""
     many.update_source("topology-a", doc("a", MIG), "ConfigMap a")
     many.problem("the API cannot be reached")
     many.problem("the API cannot be reached")  # said once
     many.problem("node watch: 500", key="nodes")
     many.source_problem("topology-b", "ConfigMap b: not valid YAML")
-    snap = many.render()
+    snap = many.snapshot()
     assert not snap.healthy and snap.ready
     assert snap.reason == "ConfigMap b: not valid YAML (and 2 more problems)"
     assert [r.getMessage() for r in caplog.records] == [
@@ -225,12 +225,12 @@ def test_health_says_the_first_problem_and_how_many_more(caplog: pytest.LogCaptu
     many.problem(None)  # configmaps good again
     many.select(None)  # the node list came: its problem goes
     many.remove_source("topology-b")
-    snap = many.render()
+    snap = many.snapshot()
     assert snap.healthy and snap.reason == "ok"
     assert {s.label("Hostname") for s in parse(snap.body.decode())} == {"a"}
     many.source_problem("topology-a", "ConfigMap a: gone bad")
     many.remove_source("topology-a")  # its node goes, and so does its problem
-    snap = many.render()
+    snap = many.snapshot()
     assert snap.healthy and snap.body == b""
 
 
@@ -239,9 +239,9 @@ def test_a_node_listed_by_two_sources_stays_until_both_drop_it() -> None:
     many.update_source("topology-a", doc("a", MIG), "ConfigMap a")
     many.update_source("topology", doc("a", MIG), "ConfigMap topology")
     many.remove_source("topology-a")
-    assert {s.label("Hostname") for s in parse(many.render().body.decode())} == {"a"}
+    assert {s.label("Hostname") for s in parse(many.snapshot().body.decode())} == {"a"}
     many.update_source("topology", Topology(), "ConfigMap topology")
-    assert many.render().body == b""
+    assert many.snapshot().body == b""
 
 
 def test_a_bad_entry_is_logged_once_and_counted_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -259,7 +259,7 @@ def test_a_bad_entry_is_logged_once_and_counted_once(caplog: pytest.LogCaptureFi
         "ConfigMap a: nodes.a.gpus[0].mig-devices[0].name: unknown profile"
     )
     assert many.invalid.value("node") == 1
-    snap = many.render()
+    snap = many.snapshot()
     assert snap.reason == f"{warnings[0]}"
     assert {s.label("Hostname") for s in parse(snap.body.decode())} == {"a"}  # last good kept
 
@@ -269,10 +269,10 @@ def test_a_rejected_document_keeps_the_series_and_says_why(
 ) -> None:
     many = exporter()
     many.update_source("topology-a", doc("a", MIG), "ConfigMap a")
-    good = many.render().body
+    good = many.snapshot().body
     bad = TopologyError("ConfigMap gpu-operator/topology", "topology.yml", "is not valid YAML")
     many.rejected(bad)
-    snap = many.render()
+    snap = many.snapshot()
     said = "ConfigMap gpu-operator/topology: topology.yml: is not valid YAML; serving the last good series"
     assert (snap.body, snap.healthy, snap.reason) == (good, False, said)
     assert [r.getMessage() for r in caplog.records] == [said]

@@ -18,7 +18,7 @@ import pytest
 from exporter import dcgm
 from exporter.many import NodesExporter
 from exporter.service import Exporter
-from exporter.watch import watch_configmap, watch_node_configmaps, watch_selected_nodes
+from exporter.sources import watch_configmap, watch_node_configmaps, watch_selected_nodes
 from tests.exporter.test_exporter import MIG
 from tests.support.kubeapi import KubeAPI, eventually
 from tests.support.promtext import parse
@@ -56,7 +56,7 @@ def watching(
 
 
 def hosts(many: NodesExporter) -> set[str]:
-    return {s.label("Hostname") for s in parse(many.render().body.decode())}
+    return {s.label("Hostname") for s in parse(many.snapshot().body.decode())}
 
 
 @pytest.mark.parametrize("strict", [True, False], ids=["strict-emulator", "plain-kmock"])
@@ -87,18 +87,18 @@ def test_the_nodes_configmap_is_followed_and_its_problems_said(strict: bool) -> 
 def test_every_per_node_configmap_is_served_and_one_that_goes_takes_its_node(strict: bool) -> None:
     many = NodesExporter(dcgm.Options("h"), Published())
     with watching(watch_node_configmaps, many, NS, strict=strict) as (_, core):
-        eventually(lambda: many.render().ready, timeout=10)
+        eventually(lambda: many.snapshot().ready, timeout=10)
         for node in ("a", "b"):
             core.create_namespaced_config_map(NS, node_configmap(node, text(node), NS, None))
         # Not ours: no node-topology label.
         core.create_namespaced_config_map(NS, configmap(text("c"), "topology-c", NS))
         eventually(lambda: hosts(many) == {"a", "b"}, timeout=10)
         core.patch_namespaced_config_map("topology-b", NS, {"data": {"topology.yml": "nodes: ["}})
-        eventually(lambda: not many.render().healthy, timeout=10)
-        assert "ConfigMap gpu-operator/topology-b" in many.render().reason
+        eventually(lambda: not many.snapshot().healthy, timeout=10)
+        assert "ConfigMap gpu-operator/topology-b" in many.snapshot().reason
         assert hosts(many) == {"a", "b"}  # b's last good series stay
         core.delete_namespaced_config_map("topology-b", NS)
-        eventually(lambda: hosts(many) == {"a"} and many.render().healthy, timeout=10)
+        eventually(lambda: hosts(many) == {"a"} and many.snapshot().healthy, timeout=10)
         # Its label taken off: no longer a node's topology.
         core.patch_namespaced_config_map(
             "topology-a", NS, {"metadata": {"labels": {"node-topology": None}}}

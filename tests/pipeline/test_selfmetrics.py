@@ -87,7 +87,7 @@ def test_many_nodes_count_and_log_a_bad_node_once(caplog: pytest.LogCaptureFixtu
         many.update_source(
             "topology-a", Topology("mixed", {"a": broken}), "ConfigMap gpu-operator/topology-a"
         )
-    assert counts(many.render().own, "mig_exporter_invalid_objects_total")["node"] == 1
+    assert counts(many.snapshot().own, "mig_exporter_invalid_objects_total")["node"] == 1
     assert sum("serving its last good series" in r.getMessage() for r in caplog.records) == 1
 
 

@@ -1,0 +1,74 @@
+"""The render loop every exporter runs: publish a snapshot on each change and each due time.
+
+Sources (a file, watches) only change state and set `wake`; the loop renders in one thread and
+publishes an immutable snapshot that scrapes read, so nothing on the scrape path renders, reads
+YAML or calls NVML. Between changes it sleeps until the next collection step (simulated values
+move in time) or the next NVML collection, and looks every second at its source threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from exporter import dcgm
+from exporter.health import Health
+from web.server import Published, Snapshot
+
+WATCHDOG_S = 1.0  # how often a sleeping render loop checks that its sources still run
+
+
+class RenderLoop:
+    """State and loop shared by the exporters; a subclass says how a snapshot is made."""
+
+    STOPPED = "sources"  # the problem key of a source thread that ended
+
+    def __init__(
+        self, published: Published, health: Health, clock: Callable[[], float] | None
+    ) -> None:
+        self.published = published
+        self.health = health
+        self.invalid = health.invalid
+        # Looked up on each call, so a patched time.time (freezegun) is the one used.
+        self.clock = clock or (lambda: time.time())
+        self.wake = threading.Event()
+
+    def snapshot(self) -> Snapshot:
+        raise NotImplementedError
+
+    def tick(self) -> None:
+        """Work that falls due before each snapshot (NVML collects here); none by default."""
+
+    def due_in(self) -> float:
+        """Seconds until a snapshot is due without a change: the next collection step."""
+        return dcgm.until_next_step(self.clock())
+
+    def run(self, stop: threading.Event, sources: Sequence[threading.Thread] = ()) -> None:
+        while not stop.is_set():
+            self.wake.clear()
+            self.tick()
+            self.published.publish(self.snapshot())
+            gone = wait_for_work(self.wake, self.due_in(), sources, stop)
+            if gone:
+                self.health.set(self.STOPPED, gone)
+
+
+def wait_for_work(
+    wake: threading.Event,
+    seconds: float,
+    sources: Sequence[threading.Thread],
+    stop: threading.Event,
+) -> str | None:
+    """Sleep until woken (a change) or for `seconds` (the next step), looking every second at the
+    source threads: one that ended (a bug) would never update the series again, so `/health` must
+    say so rather than answer 200 on a frozen topology. Returns that reason, or None."""
+    deadline = time.monotonic() + seconds
+    while not stop.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0 or wake.wait(min(left, WATCHDOG_S)):
+            return None
+        dead = [t.name for t in sources if not t.is_alive()]
+        if dead and not stop.is_set():  # (a second at least between two reports: no spinning)
+            return f"the topology source {', '.join(dead)} stopped; serving the last good topology"
+    return None

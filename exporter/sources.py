@@ -1,0 +1,221 @@
+"""Every way a topology reaches an exporter: a file followed on disk, one ConfigMap watched (the
+node's own `topology-<node>`, or the single `topology`), the per-node ConfigMaps watched (and the
+Nodes `--node-selector` names), for `--all-nodes`.
+
+Each feeds a sink: whole documents to a `Sink` (every exporter), per-node ConfigMaps and the
+selection to a `NodesExporter` (`--all-nodes`). Event-driven: a change reaches `/metrics` as soon as
+the file's change is seen or the watch delivers it. A missing or invalid document, or an
+unreachable API, keeps the last good topology and turns `/health` to 503.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Protocol
+
+import kubernetes
+
+from common.files import UnreadableFile, read_text
+from exporter.many import NodesExporter
+from kube.api import Obj, list_watch
+from topology import configmap as contract
+from topology.configmap import node_configmap_name, parse_document
+from topology.errors import TopologyError
+from topology.model import Topology
+from topology.settings import topology_name, topology_namespace
+
+# `render --layout per-node` for 5,000 busy 8-GPU nodes is about 70 MiB: room for that, and a
+# bound on what a wrong path (a log, a device) can make the exporter hold.
+MAX_TOPOLOGY_FILE_BYTES = 256 << 20
+
+
+class Sink(Protocol):
+    """What every exporter takes: whole documents, and why there is none."""
+
+    def update(self, topology: Topology, obj: str) -> None: ...
+
+    def problem(self, reason: str) -> None: ...
+
+    def rejected(self, e: TopologyError) -> None: ...
+
+
+# --- a file --------------------------------------------------------------------------------------
+
+
+def read_topology_file(path: Path) -> Topology:
+    obj = f"topology file {path}"
+    try:
+        text = read_text(path, MAX_TOPOLOGY_FILE_BYTES)
+    except UnreadableFile as e:
+        raise TopologyError(obj, "topology", str(e)) from None
+    return parse_document(text, obj)
+
+
+def follow_file(path: Path, exporter: Sink, stop: threading.Event, interval: float = 1.0) -> None:
+    """Reload when the file changes: a ConfigMap mounted as a volume is updated in place."""
+    seen: tuple[float, int] | None = None
+    while not stop.is_set():
+        try:
+            st = path.stat()
+            current: tuple[float, int] | None = (st.st_mtime, st.st_size)
+        except OSError:
+            current = None
+        if current != seen:
+            seen = current
+            try:
+                exporter.update(read_topology_file(path), f"topology file {path}")
+            except TopologyError as e:
+                exporter.rejected(e)
+        stop.wait(interval)
+
+
+def file_source(path: Path, exporter: Sink, stop: threading.Event) -> threading.Thread:
+    """The thread that follows `path`, after a first read: TopologyError if that fails, as the
+    file is then unusable input; later failures keep the last good state."""
+    exporter.update(read_topology_file(path), f"topology file {path}")
+    return threading.Thread(target=follow_file, args=(path, exporter, stop), daemon=True)
+
+
+# --- the API server ------------------------------------------------------------------------------
+
+
+def watches(
+    exporter: Sink, stop: threading.Event, client: kubernetes.client.ApiClient, layout: str,
+    node_name: str | None, node_selector: str | None,
+) -> list[threading.Thread]:  # fmt: skip
+    """The watch threads that feed `exporter`: which ConfigMaps follows from the layout."""
+    namespace = topology_namespace()
+    many = exporter if isinstance(exporter, NodesExporter) else None
+    if many is not None and layout == "per-node":
+        threads = [threading.Thread(
+            target=watch_node_configmaps, args=(many, stop, client, namespace), daemon=True
+        )]  # fmt: skip
+    else:
+        # --all-nodes has no node name here: it reads the single layout's ConfigMap, every node.
+        if layout == "single" or node_name is None:
+            name = topology_name()
+        else:
+            name = node_configmap_name(node_name)
+        threads = [threading.Thread(
+            target=watch_configmap, args=(exporter, stop, client, name, namespace), daemon=True
+        )]  # fmt: skip
+    if many is not None and node_selector:
+        threads.append(threading.Thread(
+            target=watch_selected_nodes, args=(many, stop, client, node_selector), daemon=True,
+        ))  # fmt: skip
+    return threads
+
+
+def _name(cm: Obj) -> str:
+    return str((cm.get("metadata") or {}).get("name"))
+
+
+def watch_configmap(
+    exporter: Sink, stop: threading.Event, client: kubernetes.client.ApiClient, name: str,
+    namespace: str,
+) -> None:  # fmt: skip
+    """One ConfigMap, by name: the node's own `topology-<node>`, or the single `topology`."""
+    obj = f"ConfigMap {namespace}/{name}"
+    core = kubernetes.client.CoreV1Api(client)
+
+    def apply(cm: Obj | None) -> None:
+        if cm is None:
+            exporter.problem(f"{obj}: not found; serving the last good topology")
+            return
+        try:
+            exporter.update(contract.configmap_topology(cm, obj), obj)
+        except TopologyError as e:
+            exporter.rejected(e)
+
+    # The field selector narrows the watch on a real API server; emulators may ignore it.
+    def on_reset(items: list[Obj]) -> None:
+        apply(next((cm for cm in items if _name(cm) == name), None))
+
+    def on_event(kind: str, cm: Obj) -> None:
+        if _name(cm) == name:
+            apply(None if kind == "DELETED" else cm)
+
+    list_watch(
+        obj,
+        lambda **kw: core.list_namespaced_config_map(namespace, **kw),
+        on_reset,
+        on_event,
+        stop,
+        on_error=exporter.problem,
+        field_selector=f"metadata.name={name}",
+    )
+
+
+def watch_node_configmaps(
+    exporter: NodesExporter, stop: threading.Event, client: kubernetes.client.ApiClient,
+    namespace: str,
+) -> None:  # fmt: skip
+    """Every per-node topology ConfigMap (label `node-topology: "true"`) in the namespace."""
+    core = kubernetes.client.CoreV1Api(client)
+
+    def ours(cm: Obj) -> bool:  # emulators may ignore the label selector
+        labels = (cm.get("metadata") or {}).get("labels") or {}
+        return bool(labels.get(contract.LABEL_NODE_TOPOLOGY) == "true")
+
+    def apply(cm: Obj) -> None:
+        name = _name(cm)
+        obj = f"ConfigMap {namespace}/{name}"
+        try:
+            exporter.update_source(name, contract.configmap_topology(cm, obj), obj)
+        except TopologyError as e:
+            exporter.source_problem(name, f"{e}; serving its last good topology", e)
+
+    def on_reset(items: list[Obj]) -> None:
+        mine = [cm for cm in items if ours(cm)]
+        exporter.keep_sources({_name(cm) for cm in mine})
+        for cm in mine:
+            apply(cm)
+        exporter.problem(None)
+
+    def on_event(kind: str, cm: Obj) -> None:
+        if kind == "DELETED":
+            exporter.remove_source(_name(cm))
+        elif ours(cm):
+            apply(cm)
+        else:
+            exporter.remove_source(_name(cm))  # its label was taken off
+
+    list_watch(
+        f"ConfigMaps {namespace} -l {contract.PER_NODE_SELECTOR}",
+        lambda **kw: core.list_namespaced_config_map(namespace, **kw),
+        on_reset,
+        on_event,
+        stop,
+        on_error=exporter.problem,
+        label_selector=contract.PER_NODE_SELECTOR,
+    )
+
+
+def watch_selected_nodes(
+    exporter: NodesExporter, stop: threading.Event, client: kubernetes.client.ApiClient,
+    selector: str,
+) -> None:  # fmt: skip
+    """The names of the Nodes matching `--node-selector`: only their series are served."""
+    core = kubernetes.client.CoreV1Api(client)
+    names: set[str] = set()
+
+    def on_reset(items: list[Obj]) -> None:
+        names.clear()
+        names.update(_name(n) for n in items)
+        exporter.select(set(names))
+
+    def on_event(kind: str, node: Obj) -> None:
+        (names.discard if kind == "DELETED" else names.add)(_name(node))
+        exporter.select(set(names))
+
+    list_watch(
+        f"Nodes -l {selector}",
+        core.list_node,
+        on_reset,
+        on_event,
+        stop,
+        # Its own problem key: the ConfigMaps listing again must not clear it (nor it theirs).
+        on_error=exporter.selection_failed,
+        label_selector=selector,
+    )
