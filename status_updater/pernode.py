@@ -24,6 +24,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from kube.api import REQUEST_TIMEOUT, Obj, list_all, list_watch, usable_version
+from kube.configmaps import Seen, create_or_patch
 from status_updater.reconcile import document
 from status_updater.state import ClusterState, Unreadable
 from topology import configmap as contract
@@ -233,54 +234,31 @@ class PerNodeWriter:
     def _write(
         self, node: str, name: str, desired: _Desired, uid: str | None, current: Observed | None
     ) -> None:
-        """Create, or merge-patch with the resourceVersion it was seen at (never a PUT).
-
-        409 (it moved, or it exists after all) and 404 (it went) re-read it and try again.
-        """
+        """Create, or merge-patch at the version seen (kube.configmaps). A 409 or 404 reads it
+        again: done if it holds what is wanted, never touched if it is not the updater's."""
         body = contract.node_configmap(node, desired.text, self.namespace, uid)
-        known = current is not None
-        for _ in range(ATTEMPTS):
-            try:
-                if not known:
-                    response = self.core.create_namespaced_config_map(
-                        self.namespace,
-                        cast(Any, body),
-                        _preload_content=False,
-                        _request_timeout=REQUEST_TIMEOUT,
-                    )
-                else:
-                    meta = {
-                        k: v for k, v in body["metadata"].items() if k not in ("name", "namespace")
-                    }
-                    if current is not None and current.version:
-                        meta["resourceVersion"] = current.version  # 409 if it moved since
-                    response = self.core.patch_namespaced_config_map(
-                        name,
-                        self.namespace,
-                        {"metadata": meta, "data": body["data"]},
-                        _preload_content=False,
-                        _request_timeout=REQUEST_TIMEOUT,
-                    )
-            except ApiException as e:
-                if e.status not in (404, 409):
-                    raise
-                known, current = self._read(name)
-                if known and current is None:
-                    log.error(
-                        "ConfigMap %s/%s exists and was not created by the updater: not touched",
-                        self.namespace,
-                        name,
-                    )
-                    return
-                if self._holds(current, node, desired, uid):
-                    return
-                continue
-            self._seen(json.loads(cast(Any, response).data))
-            self._wrote.append(name)
-            return
-        raise ApiException(
-            status=409, reason=f"conflict on {name} persisted after {ATTEMPTS} attempts"
+        meta = {k: v for k, v in body["metadata"].items() if k not in ("name", "namespace")}
+
+        def reread() -> Seen:
+            known, current = self._read(name)
+            if known and current is None:
+                log.error(
+                    "ConfigMap %s/%s exists and was not created by the updater: not touched",
+                    self.namespace,
+                    name,
+                )
+                return Seen(True, None, done=True)
+            return Seen(known, current.version if current else None,
+                        done=self._holds(current, node, desired, uid))  # fmt: skip
+
+        seen = Seen(current is not None, current.version if current else None)
+        patch = {"metadata": meta, "data": body["data"]}
+        response = create_or_patch(
+            self.core, self.namespace, name, body, patch, seen, reread, ATTEMPTS
         )
+        if response is not None:
+            self._seen(json.loads(response.data))
+            self._wrote.append(name)
 
     def _read(self, name: str) -> tuple[bool, Observed | None]:
         """Whether it exists, and what it holds (None also when it is not ours)."""

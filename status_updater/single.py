@@ -9,18 +9,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, cast
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from kube.api import REQUEST_TIMEOUT, usable_version
+from kube.configmaps import Seen, create_or_patch
 from status_updater.state import ClusterState
 from topology import configmap as contract
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology, dump_yaml, load_yaml
 
 log = logging.getLogger(__name__)
+ATTEMPTS = 5  # conflicts on one write before it fails (the next change or resync tries again)
 CONFIGMAP_LIMIT = 1024 * 1024  # bytes of data a ConfigMap may hold
 Read = tuple[bool, Topology | None, str | None]  # exists, its topology (None: invalid), version
 
@@ -85,7 +86,8 @@ class SingleWriter:
             return True, None, version
 
     def write(self, topology: Topology, read: Read | None = None) -> None:
-        """Create or patch (never PUT) the ConfigMap; a 409 re-reads and applies again.
+        """Create or merge-patch (never PUT) the ConfigMap at the version read (kube.configmaps);
+        a 409 or 404 reads it again and applies again.
 
         `read` is a `read_current()` the caller has just made, used for the first attempt.
         """
@@ -98,30 +100,16 @@ class SingleWriter:
                 f"{size / 2**20:.1f} MiB, over the 1 MiB a ConfigMap holds; not written; "
                 "use --layout per-node"
             )
-        for _ in range(5):
-            exists, current, version = read or self.read_current()
-            read = None
-            if current == topology:
-                self.written = topology
-                return
-            try:
-                if not exists:
-                    body = contract.configmap(text, self.name, self.namespace)
-                    self.core.create_namespaced_config_map(
-                        self.namespace, cast(Any, body), _request_timeout=REQUEST_TIMEOUT
-                    )
-                else:
-                    patch: dict[str, Any] = {"data": {contract.DATA_KEY: text}}
-                    if version:  # the API answers 409 if the ConfigMap moved since it was read
-                        patch["metadata"] = {"resourceVersion": version}
-                    self.core.patch_namespaced_config_map(
-                        self.name, self.namespace, patch, _request_timeout=REQUEST_TIMEOUT
-                    )
-            except ApiException as e:
-                if e.status == 409:
-                    continue  # someone wrote in between (or created it): read again, apply again
-                raise
-            self.written = topology
+
+        def seen(read: Read) -> Seen:
+            exists, current, version = read
+            return Seen(exists, version, done=current == topology)
+
+        create = contract.configmap(text, self.name, self.namespace)
+        patch = {"data": {contract.DATA_KEY: text}}
+        if create_or_patch(
+            self.core, self.namespace, self.name, create, patch,
+            seen(read or self.read_current()), lambda: seen(self.read_current()), ATTEMPTS,
+        ) is not None:  # fmt: skip
             log.info("wrote %s (%d nodes)", self.what, len(topology.nodes))
-            return
-        raise ApiException(status=409, reason="conflict persisted after 5 attempts")
+        self.written = topology
