@@ -1,12 +1,13 @@
 """The series a real dcgm-exporter serves for one node, built from a topology snapshot.
 
-Pure but for the energy counter: `families(node, options, now)` -> metric families;
+Pure but for the energy counter: `entities(node, options, now)` -> the node's series subjects;
 `fragments` -> each family's series lines of one node; `join` -> the bytes of `/metrics` for one
 node or many (the series of a family stay together, under one HELP and TYPE). They run once per
 change of the snapshot and once per collection step (values move in time), never per scrape.
 
 Families, their order, type and help come from the counters CSV (fields.py); values from
-readings.py. On a dynamic-MIG node (the real dumps in samples/mig/metrics/):
+readings.py, each field's through its declared reading. On a dynamic-MIG node (the real dumps in
+samples/mig/metrics/):
 
     # HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).
     # TYPE DCGM_FI_DEV_FB_FREE gauge
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from exporter import readings
-from exporter.fields import DEFAULT_COUNTERS, EMPTY, GPU, MIG, Counter, Counters, read_counters
+from exporter.fields import DEFAULT_COUNTERS, EMPTY, GPU, MIG, Counters, read_counters
 from exporter.readings import EnergyMeter, Reading
 from topology.catalog import GpuModel, model_for_product, nvml_model_name
 from topology.model import AllocatedBy, DeviceStatus, Gpu, MigDevice, NodeTopology
@@ -40,12 +41,6 @@ FB_FREE = "DCGM_FI_DEV_FB_FREE"
 FB_USED = "DCGM_FI_DEV_FB_USED"
 DEFAULT_DRIVER_VERSION = "520.56.06"
 UTILIZATION_STEP_S = readings.STEP_S
-# Readings that do not move with the clock: a node serving only these renders once per change.
-_STILL = frozenset(
-    {"zero", "mem_clock", "power_limit", "fb_used", "fb_free", "fb_reserved", "fb_total",
-     "pcie_replay", "enc_util", "dec_util", "remapped_uncorrectable", "remapped_correctable",
-     "remap_failure"}
-)  # fmt: skip
 
 
 def until_next_step(now: float) -> float:
@@ -73,20 +68,6 @@ class Options:
 
 
 Labels = tuple[tuple[str, str], ...]  # (name, value) in dcgm-exporter's order
-
-
-@dataclass(frozen=True)
-class Family:
-    counter: Counter
-    samples: list[tuple[Labels, int | float]] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.counter.name
-
-    @property
-    def help(self) -> str:
-        return self.counter.help
 
 
 def _mig_order(model: GpuModel, dev: MigDevice) -> tuple[int, int]:
@@ -178,22 +159,6 @@ def entities(node: NodeTopology, options: Options, now: float) -> list[tuple[str
     return out
 
 
-def families(node: NodeTopology, options: Options, now: float) -> list[Family]:
-    """DCGM series of one node's GPUs at time `now` (seconds since the epoch)."""
-    subjects = entities(node, options, now)
-    out = []
-    for counter in options.counters.metrics:
-        f = counter.field
-        fam = Family(counter)
-        for kind, labels, reading in subjects:
-            value = getattr(reading, f.reading)
-            if kind in f.where and value is not None and writable(value):
-                fam.samples.append((labels, value))
-        if fam.samples:
-            out.append(fam)
-    return out
-
-
 def _kinds(node: NodeTopology) -> set[str]:
     """The kinds of series subject the node's GPUs give (see `entities`)."""
     mig = model_for_product(node.gpu_product) is not None
@@ -208,8 +173,7 @@ def moves_in_time(node: NodeTopology, counters: Counters | None = None) -> bool:
     a selected field that moves is served for one of its GPUs."""
     kinds = _kinds(node)
     return any(
-        c.field.reading not in _STILL and kinds & c.field.where
-        for c in (counters or default_counters()).metrics
+        c.field.moves and kinds & c.field.where for c in (counters or default_counters()).metrics
     )
 
 
@@ -264,7 +228,7 @@ def subject_fragments(
             f"{f.name}{{{text}}} {sample}\n"
             for kind, text, reading in texts
             if kind in f.where
-            and (value := getattr(reading, f.reading)) is not None
+            and (value := f.read(reading)) is not None
             and (sample := value_text(value, f.decimal)) is not None
         ]
         if lines:

@@ -1,10 +1,16 @@
 """The DCGM fields the exporter can serve, and the counters CSV that selects them.
 
+Each field is one declaration (`FIELDS`): its name, dcgm-exporter's type and help for it, where it
+is served, its value in a reading (readings.Reading), whether it prints with decimals and whether
+it moves in time. `declare` checks them at import: a field without a reading, or a value of a
+reading that no field serves, stops the exporter there, with what to fix.
+
 A counters CSV is dcgm-exporter's own format (`-f/--collectors FILE`), so users keep the file they
 have: one field a line, `DCGM_FI_…, gauge|counter|label, help`, `#` starts a comment. Metric
 fields become families in the file's order, with the file's type and help; `label` fields become
 labels on every series, after `Hostname`. The default (default-counters.csv beside this module) is
-the field set of the real dumps in samples/mig/metrics/, in their order.
+the field set of the real dumps in samples/mig/metrics/, in their order, with the declared type
+and help of each.
 
 Where a field is served follows the dumps:
 - GPU: a GPU with MIG off gets every field;
@@ -17,11 +23,15 @@ Where a field is served follows the dumps:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from common.files import UnreadableFile, read_text
+from exporter.readings import Reading
 
 log = logging.getLogger("exporter")
 
@@ -37,66 +47,166 @@ TYPES = ("gauge", "counter", "label")
 
 @dataclass(frozen=True)
 class Field:
-    """A DCGM field: what it reads (an attribute of readings.Reading) and where it is served."""
+    """A DCGM field, whole."""
 
     name: str
-    reading: str
-    where: frozenset[str]
+    type: str  # dcgm-exporter's, gauge or counter; a counters file says what is served
+    help: str  # dcgm-exporter's; likewise
+    where: frozenset[str]  # the kinds of series (GPU, MIG, EMPTY) that carry it
+    read: Callable[[Reading], int | float | None]  # one value of a Reading; None: no series
     decimal: bool = False  # a DCGM double: printed with six decimals, as dcgm-exporter does
+    # Whether its simulated value changes with the clock: a node serving only fields that do not
+    # is rendered once per change of its topology, not on every collection step.
+    moves: bool = True
 
 
-def _fields(*fields: Field) -> dict[str, Field]:
-    return {f.name: f for f in fields}
+class FieldError(Exception):
+    """A field declared wrong: raised at import, so no exporter runs with it."""
 
 
-FIELDS = _fields(
-    Field("DCGM_FI_DEV_SM_CLOCK", "sm_clock", _EVERYWHERE),
-    Field("DCGM_FI_DEV_MEM_CLOCK", "mem_clock", _EVERYWHERE),
-    Field("DCGM_FI_DEV_MEMORY_TEMP", "memory_temp", _EVERYWHERE),
-    Field("DCGM_FI_DEV_GPU_TEMP", "gpu_temp", _EVERYWHERE),
-    Field("DCGM_FI_DEV_POWER_USAGE", "power", _EVERYWHERE, decimal=True),
-    Field("DCGM_FI_DEV_POWER_MGMT_LIMIT", "power_limit", _EVERYWHERE, decimal=True),
-    Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy", _EVERYWHERE),
-    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_replay", _EVERYWHERE),
-    Field("DCGM_FI_DEV_GPU_UTIL", "gpu_util", _WHOLE),
-    Field("DCGM_FI_DEV_MEM_COPY_UTIL", "mem_copy_util", _WHOLE),
-    Field("DCGM_FI_DEV_ENC_UTIL", "enc_util", _WHOLE),
-    Field("DCGM_FI_DEV_DEC_UTIL", "dec_util", _WHOLE),
-    Field("DCGM_FI_DEV_XID_ERRORS", "zero", _EVERYWHERE),
-    *(
-        Field(f"DCGM_FI_DEV_{v}_VIOLATION", "zero", _EVERYWHERE)
-        for v in ("POWER", "THERMAL", "SYNC_BOOST", "BOARD_LIMIT", "LOW_UTIL", "RELIABILITY")
-    ),
-    Field("DCGM_FI_DEV_FB_FREE", "fb_free", _MEMORY),
-    Field("DCGM_FI_DEV_FB_USED", "fb_used", _MEMORY),
-    Field("DCGM_FI_DEV_FB_RESERVED", "fb_reserved", _MEMORY),
-    Field("DCGM_FI_DEV_FB_TOTAL", "fb_total", _MEMORY),
-    *(
-        Field(f"DCGM_FI_DEV_ECC_{kind}_{scope}_TOTAL", "zero", _EVERYWHERE)
-        for kind in ("SBE", "DBE")
-        for scope in ("VOL", "AGG")
-    ),
-    *(Field(f"DCGM_FI_DEV_RETIRED_{r}", "zero", _WHOLE) for r in ("SBE", "DBE", "PENDING")),
-    *(
-        Field(f"DCGM_FI_DEV_NVLINK_{e}_ERROR_COUNT_TOTAL", "zero", _EVERYWHERE)
-        for e in ("CRC_FLIT", "CRC_DATA", "REPLAY", "RECOVERY")
-    ),
-    Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "zero", _EVERYWHERE),
-    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "remapped_uncorrectable", _WHOLE),
-    Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "remapped_correctable", _WHOLE),
-    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "remap_failure", _WHOLE),
-    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "activity", _EVERYWHERE, decimal=True),
-    Field("DCGM_FI_PROF_SM_ACTIVE", "sm_active", _EVERYWHERE, decimal=True),
-    Field("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy", _EVERYWHERE, decimal=True),
-    Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor", _EVERYWHERE, decimal=True),
-    Field("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "fp64", _EVERYWHERE, decimal=True),
-    Field("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "fp32", _EVERYWHERE, decimal=True),
-    Field("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "fp16", _EVERYWHERE, decimal=True),
-    Field("DCGM_FI_PROF_DRAM_ACTIVE", "dram", _EVERYWHERE, decimal=True),
-    Field("DCGM_FI_PROF_PCIE_TX_BYTES", "pcie_tx", _PCIE),
-    Field("DCGM_FI_PROF_PCIE_RX_BYTES", "pcie_rx", _PCIE),
-)
-# Label fields: the value each series of a GPU carries (see dcgm.label_values).
+@dataclass(frozen=True)
+class _Mark:
+    """Stands for one value of a Reading in the probe `declare` reads each field's reading from."""
+
+    name: str
+
+
+def declare(*fields: Field) -> dict[str, Field]:
+    """The fields by name, checked: each reads one value of a Reading, and each value of a
+    Reading is read by a field (one that no field reads would be computed and never served)."""
+    values = [f.name for f in dataclasses.fields(Reading)]
+    marks: dict[str, Any] = {name: _Mark(name) for name in values}
+    probe = Reading(**marks)  # what a field's reading returns names the value it reads
+    out: dict[str, Field] = {}
+    read: set[str] = set()
+    for f in fields:
+        if f.name in out:
+            raise FieldError(f"{f.name} is declared twice")
+        if f.type not in ("gauge", "counter") or not f.help or not f.where <= _EVERYWHERE:
+            raise FieldError(f"{f.name}: needs a type (gauge or counter), a help, known kinds")
+        if not f.where:
+            raise FieldError(f"{f.name}: is served nowhere (no kind of series)")
+        try:
+            got: object = f.read(probe)
+        except Exception:  # not callable, or computes: either way not one value
+            got = None
+        if not isinstance(got, _Mark):
+            raise FieldError(
+                f"{f.name}: its reading must be one value of readings.Reading, "
+                "e.g. lambda r: r.power"
+            )
+        read.add(got.name)
+        out[f.name] = f
+    if unread := sorted(set(values) - read):
+        raise FieldError(
+            f"readings.Reading.{unread[0]} is read by no field: declare its field in "
+            "exporter/fields.py, or take it out of Reading"
+        )
+    return out
+
+
+# Fields DCGM reads from the driver and a healthy GPU reads 0 for, which the simulation serves
+# as 0 (and NVML does not serve): errors, violations, NVLink.
+def _zeros(kind: str, help_text: str, where: frozenset[str], **names: str) -> list[Field]:
+    return [
+        Field(name, kind, help_text.format(what), where, lambda r: r.zero, moves=False)
+        for name, what in names.items()
+    ]
+
+
+FIELDS = declare(
+    Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).",
+          _EVERYWHERE, lambda r: r.sm_clock),
+    Field("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).",
+          _EVERYWHERE, lambda r: r.mem_clock, moves=False),
+    Field("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).",
+          _EVERYWHERE, lambda r: r.memory_temp),
+    Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).",
+          _EVERYWHERE, lambda r: r.gpu_temp),
+    Field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).",
+          _EVERYWHERE, lambda r: r.power, decimal=True),
+    Field("DCGM_FI_DEV_POWER_MGMT_LIMIT", "gauge", "Power management limit (in W).",
+          _EVERYWHERE, lambda r: r.power_limit, decimal=True, moves=False),
+    Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter",
+          "Total energy consumption since boot (in mJ).", _EVERYWHERE, lambda r: r.energy),
+    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.",
+          _EVERYWHERE, lambda r: r.pcie_replay, moves=False),
+    Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).",
+          _WHOLE, lambda r: r.gpu_util),
+    Field("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).",
+          _WHOLE, lambda r: r.mem_copy_util),
+    Field("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).",
+          _WHOLE, lambda r: r.enc_util, moves=False),
+    Field("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).",
+          _WHOLE, lambda r: r.dec_util, moves=False),
+    Field("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.",
+          _EVERYWHERE, lambda r: r.zero, moves=False),
+    *_zeros("counter", "Time throttled by {} (in us).", _EVERYWHERE,
+            DCGM_FI_DEV_POWER_VIOLATION="the power limit",
+            DCGM_FI_DEV_THERMAL_VIOLATION="temperature",
+            DCGM_FI_DEV_SYNC_BOOST_VIOLATION="sync boost",
+            DCGM_FI_DEV_BOARD_LIMIT_VIOLATION="the board's limit",
+            DCGM_FI_DEV_LOW_UTIL_VIOLATION="low utilization",
+            DCGM_FI_DEV_RELIABILITY_VIOLATION="reliability limits"),
+    Field("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).",
+          _MEMORY, lambda r: r.fb_free, moves=False),
+    Field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).",
+          _MEMORY, lambda r: r.fb_used, moves=False),
+    Field("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).",
+          _MEMORY, lambda r: r.fb_reserved, moves=False),
+    Field("DCGM_FI_DEV_FB_TOTAL", "gauge", "Framebuffer memory in all (in MiB).",
+          _MEMORY, lambda r: r.fb_total, moves=False),
+    *_zeros("counter", "ECC errors: {}.", _EVERYWHERE,
+            DCGM_FI_DEV_ECC_SBE_VOL_TOTAL="single-bit, since the driver loaded",
+            DCGM_FI_DEV_ECC_SBE_AGG_TOTAL="single-bit, over the GPU's life",
+            DCGM_FI_DEV_ECC_DBE_VOL_TOTAL="double-bit, since the driver loaded",
+            DCGM_FI_DEV_ECC_DBE_AGG_TOTAL="double-bit, over the GPU's life"),
+    *_zeros("counter", "Retired pages: {}.", _WHOLE,
+            DCGM_FI_DEV_RETIRED_SBE="single-bit errors",
+            DCGM_FI_DEV_RETIRED_DBE="double-bit errors",
+            DCGM_FI_DEV_RETIRED_PENDING="pending retirement"),
+    *_zeros("counter", "NVLink errors of all lanes: {}.", _EVERYWHERE,
+            DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL="flow-control CRC",
+            DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL="data CRC",
+            DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL="replays",
+            DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL="recoveries"),
+    *_zeros("counter", "{}", _EVERYWHERE,
+            DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL="Total number of NVLink bandwidth counters for all lanes."),
+    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
+          "Number of remapped rows for uncorrectable errors", _WHOLE,
+          lambda r: r.remapped_uncorrectable, moves=False),
+    Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter",
+          "Number of remapped rows for correctable errors", _WHOLE,
+          lambda r: r.remapped_correctable, moves=False),
+    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
+          _WHOLE, lambda r: r.remap_failure, moves=False),
+    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge",
+          "Ratio of time the graphics engine is active (in %).",
+          _EVERYWHERE, lambda r: r.activity, decimal=True),
+    Field("DCGM_FI_PROF_SM_ACTIVE", "gauge", "Ratio of cycles an SM has a warp assigned.",
+          _EVERYWHERE, lambda r: r.sm_active, decimal=True),
+    Field("DCGM_FI_PROF_SM_OCCUPANCY", "gauge", "Ratio of warps resident on an SM to its most.",
+          _EVERYWHERE, lambda r: r.sm_occupancy, decimal=True),
+    Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge",
+          "Ratio of cycles the tensor (HMMA) pipe is active (in %).",
+          _EVERYWHERE, lambda r: r.tensor, decimal=True),
+    Field("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "gauge", "Ratio of cycles the FP64 pipe is active.",
+          _EVERYWHERE, lambda r: r.fp64, decimal=True),
+    Field("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "gauge", "Ratio of cycles the FP32 pipe is active.",
+          _EVERYWHERE, lambda r: r.fp32, decimal=True),
+    Field("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "gauge", "Ratio of cycles the FP16 pipe is active.",
+          _EVERYWHERE, lambda r: r.fp16, decimal=True),
+    Field("DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
+          "Ratio of cycles the device memory interface is active sending or receiving data (in %).",
+          _EVERYWHERE, lambda r: r.dram, decimal=True),
+    Field("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge",
+          "The rate of data transmitted over the PCIe bus - including both protocol headers and "
+          "data payloads - in bytes per second.", _PCIE, lambda r: r.pcie_tx),
+    Field("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge",
+          "The rate of data received over the PCIe bus - including both protocol headers and "
+          "data payloads - in bytes per second.", _PCIE, lambda r: r.pcie_rx),
+)  # fmt: skip
+# Label fields: a value every series of a GPU carries (dcgm._label_value, nvml._label_fields).
 LABEL_FIELDS = (
     "DCGM_FI_DRIVER_VERSION",
     "DCGM_FI_NVML_VERSION",

@@ -48,8 +48,10 @@ BOOT_EPOCH_S, BOOT_SPREAD_S = 1_735_689_600, 30 * 86_400
 class Reading:
     """One series subject's values: a whole GPU, a MIG instance, or a MIG GPU without instances.
 
-    None is a value the source does not have (NVML has no profiling fields): its series is left
-    out, as dcgm-exporter leaves out a field DCGM cannot read. The simulation has every value.
+    Each value is read by the fields that declare it as their reading (fields.FIELDS, checked at
+    import). None is a value the source does not have (NVML has no profiling fields): its series
+    is left out, as dcgm-exporter leaves out a field DCGM cannot read. The simulation has every
+    value.
     """
 
     sm_clock: int | None

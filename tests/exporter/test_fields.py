@@ -17,9 +17,10 @@ import pytest
 from freezegun import freeze_time
 
 from exporter import dcgm
-from exporter.fields import FIELDS, Counters, parse_counters, read_counters
+from exporter.fields import FIELDS, Counters, FieldError, declare, parse_counters, read_counters
 from exporter.readings import EnergyMeter
 from tests.exporter.test_exporter import MIG, whole_gpu
+from tests.support import oracle
 from tests.support.base import SAMPLES, run_cli
 from tests.support.promtext import Series, by_name, parse
 from topology.catalog import model_for_product
@@ -192,9 +193,45 @@ def test_which_fields_move_in_time_follows_what_each_gpu_serves() -> None:
 
 def test_families_hold_only_the_fields_served_where_they_are_served() -> None:
     mig = parse_document(SAMPLE.read_text(), "s").nodes[NODE]
-    names = {f.name for f in dcgm.families(mig, dcgm.Options("h"), time.time())}
+    names = {f.name for f in oracle.families(mig, dcgm.Options("h"), time.time())}
     assert names.isdisjoint(WHOLE_ONLY)
     assert set(GPU_LEVEL) <= names
+
+
+# --- the field declarations ------------------------------------------------------------------
+
+
+def test_the_default_counters_give_each_field_its_declared_type_and_help() -> None:
+    """default-counters.csv is the dumps' field set: what it says of a field is the field's own
+    declaration (fields.FIELDS), so the two cannot drift apart."""
+    for counter in dcgm.default_counters().metrics:
+        assert (counter.type, counter.help) == (counter.field.type, counter.field.help), counter
+
+
+def test_a_field_without_a_reading_or_a_reading_without_a_field_fails_at_import() -> None:
+    """`declare` runs at import: a declaration that reads no value of a Reading, or a Reading
+    value that no field reads (computed, never served), stops the exporter with what to fix."""
+    every = list(FIELDS.values())
+    temp = FIELDS["DCGM_FI_DEV_GPU_TEMP"]
+    computed = replace(temp, read=lambda r: (r.gpu_temp or 0) + 1)
+    missing = replace(temp, read=None)  # type: ignore[arg-type]
+    for bad in (computed, missing):
+        others = [f for f in every if f is not temp]
+        with pytest.raises(FieldError) as raised:
+            declare(*others, bad)
+        assert str(raised.value) == (
+            "DCGM_FI_DEV_GPU_TEMP: its reading must be one value of readings.Reading, "
+            "e.g. lambda r: r.power"
+        )
+    with pytest.raises(FieldError) as raised:
+        declare(*(f for f in every if f is not temp))
+    assert str(raised.value) == (
+        "readings.Reading.gpu_temp is read by no field: declare its field in exporter/fields.py, "
+        "or take it out of Reading"
+    )
+    with pytest.raises(FieldError, match="DCGM_FI_DEV_GPU_TEMP is declared twice"):
+        declare(*every, temp)
+    assert declare(*every) == FIELDS
 
 
 def test_dropping_a_gpu_the_meter_never_counted_is_harmless() -> None:
