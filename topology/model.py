@@ -113,70 +113,13 @@ class Topology:
 # --- to the wire ---------------------------------------------------------------------------------
 
 
-def _status_to_dict(status: DeviceStatus) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if status.allocated_by is not None:
-        a = status.allocated_by
-        out["allocated-by"] = {"namespace": a.namespace, "pod": a.pod, "container": a.container}
-    if status.pod_gpu_usage_status:
-        out["pod-gpu-usage-status"] = {
-            uid: {
-                "utilization": {"min": u.utilization.min, "max": u.utilization.max},
-                "fb-used": u.fb_used,
-                "is-inference-pod": u.is_inference_pod,
-            }
-            for uid, u in sorted(status.pod_gpu_usage_status.items())
-        }
-    if status.replicas:
-        out["replicas"] = [
-            {"replica": r.index, "namespace": r.holder.namespace, "pod": r.holder.pod,
-             "container": r.holder.container, "pod-uid": r.pod_uid}
-            for r in status.replicas
-        ]  # fmt: skip
-    return out
-
-
-def _mig_to_dict(dev: MigDevice) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if dev.id is not None:
-        out["id"] = dev.id
-    out |= {"name": dev.name, "position": dev.position, "gpu-instance-id": dev.gpu_instance_id}
-    if dev.status is not None:
-        out["status"] = _status_to_dict(dev.status)
-    return out
-
-
-def to_dict(topology: Topology) -> dict[str, Any]:
-    nodes: dict[str, Any] = {}
-    for name in sorted(topology.nodes):
-        node = topology.nodes[name]
-        gpus = []
-        for gpu in node.gpus:
-            g: dict[str, Any] = {"id": gpu.id}
-            if gpu.status is not None:
-                g["status"] = _status_to_dict(gpu.status)
-            if gpu.mig_devices is not None:
-                g["mig-devices"] = [_mig_to_dict(d) for d in gpu.mig_devices]
-            gpus.append(g)
-        nodes[name] = {
-            "gpu-count": node.gpu_count,
-            "gpu-memory": node.gpu_memory,
-            "gpu-product": node.gpu_product,
-            "is-dynamic-mig-enabled": node.is_dynamic_mig_enabled,
-            "gpus": gpus,
-        }
-        if node.sharing is not None:
-            sharing = {"strategy": node.sharing.strategy, "replicas": node.sharing.replicas}
-            nodes[name]["sharing"] = sharing
-    return {"mig-strategy": topology.mig_strategy, "nodes": nodes}
-
-
 def dump_yaml(topology: Topology) -> str:
     """The `topology.yml` text, in PyYAML's block layout.
 
-    Written straight from the dataclasses, on the updater's per-event path: the same text as
-    `yamltext.dump(to_dict(topology))` (tests/topology/test_topology_model.py proves it for generated
-    topologies), several times faster than walking the tree, and many times faster than PyYAML.
+    Written straight from the dataclasses, on the updater's per-event path: several times faster
+    than walking a tree, and many times faster than PyYAML. tests/topology/test_topology_model.py
+    proves it is the block YAML of the schema's tree (the oracle in tests/support/tree.py), and
+    that PyYAML reads that back, for generated topologies.
     """
     q = yamltext.scalar
     out = [f"mig-strategy: {q(topology.mig_strategy)}"]

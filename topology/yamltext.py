@@ -1,10 +1,10 @@
-"""Block-style YAML text for plain data trees (mappings, lists, str, int, bool, None).
+"""The scalars and keys of block-style YAML, for `model.dump_yaml`.
 
 PyYAML's representer is pure Python even with libyaml: one fully allocated 8-GPU node took 4.5 ms
-to dump, more than the updater's whole per-event budget (bench/scale.py). The topology is a plain
-tree, so this writes it directly, in the layout PyYAML's block style uses, and lets PyYAML's own
-resolver decide which strings may stay unquoted. `tests/topology/test_yamltext.py` proves that PyYAML loads
-back exactly the tree that went in, for generated trees.
+to dump, more than the updater's whole per-event budget (bench/scale.py). So the topology is
+written directly, in the layout PyYAML's block style uses, and PyYAML's own resolver decides which
+strings may stay unquoted. `tests/topology/test_yamltext.py` proves, with the block writer of
+tests/support/tree.py built on these, that PyYAML loads back exactly the tree that went in.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import re
 import string
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any
 
 import yaml.resolver
 
@@ -90,44 +89,3 @@ def key(value: object, indent: str) -> str:
     if len(text) <= MAX_IMPLICIT_KEY:
         return f"{indent}{text}:"
     return f"{indent}? {text}\n{indent}:"
-
-
-_SCALARS = frozenset((str, int, bool, type(None)))
-
-
-def _nested(value: object) -> bool:
-    kind = type(value)
-    if kind is dict or kind is list or kind is tuple:  # the common cases first: no ABC checks
-        return len(value) > 0  # type: ignore[arg-type]
-    if kind in _SCALARS:
-        return False
-    return isinstance(value, Mapping | list | tuple) and len(value) > 0
-
-
-def _block(value: Any, indent: str, out: list[str]) -> None:
-    if type(value) is dict or isinstance(value, Mapping):
-        inner = indent + "  "
-        for k, item in value.items():
-            if not _nested(item):
-                out.append(f"{key(k, indent)} {scalar(item)}")
-                continue
-            out.append(key(k, indent))
-            # A list under a key starts at the key's column, as PyYAML writes it.
-            _block(item, indent if type(item) is list or type(item) is tuple else inner, out)
-        return
-    for item in value:
-        if not _nested(item):
-            out.append(f"{indent}- {scalar(item)}")
-            continue
-        start = len(out)
-        _block(item, indent + "  ", out)
-        out[start] = f"{indent}- {out[start][len(indent) + 2 :]}"
-
-
-def dump(data: object) -> str:
-    """`data` as a block-style YAML document."""
-    if not _nested(data):
-        return scalar(data) + "\n"
-    out: list[str] = []
-    _block(data, "", out)
-    return "\n".join(out) + "\n"

@@ -22,9 +22,10 @@ from status_updater.reconcile import document
 from status_updater.state import ClusterState
 from tests.live.test_live import NS, Daemons, running
 from tests.pipeline.test_cli import get
+from tests.support import tree
 from tests.support.kubeapi import KubeAPI, eventually
 from tests.support.promtext import by_name, parse
-from topology.model import NodeTopology, to_dict
+from topology.model import NodeTopology
 
 NODES, GPUS = 300, 8
 LAYOUT = {0: "2g.10gb", 4: "1g.5gb", 5: "1g.5gb", 6: "1g.5gb"}  # 4 instances per GPU
@@ -109,7 +110,7 @@ def test_three_hundred_nodes_each_get_their_own_configmap(cluster: Daemons) -> N
         total += len(text.encode())
         result = expected.results[name(n)]
         assert isinstance(result, NodeTopology)
-        assert yaml.safe_load(text) == to_dict(document(name(n), result, "mixed"))
+        assert yaml.safe_load(text) == tree.to_dict(document(name(n), result, "mixed"))
         assert cm["metadata"]["labels"]["node-name"] == name(n)
         assert cm["metadata"]["ownerReferences"] == [
             {"apiVersion": "v1", "kind": "Node", "name": name(n), "uid": uids[name(n)]}

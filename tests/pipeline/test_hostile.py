@@ -23,16 +23,16 @@ from hypothesis import strategies as st
 
 from common.yamlload import flow_depth_exceeds, load_document
 from exporter import dcgm
-from exporter.node import node_of
+from exporter.source import node_of
 from status_updater.objects import slim_node, slim_pod
 from status_updater.reconcile import document
 from status_updater.state import ClusterState, Unreadable
 from tests.status_updater.test_reconcile import REAL_NODE, after_one_ended, gpu_pod, whole_gpu_node
 from tests.status_updater.test_static import pod as static_pod
 from tests.status_updater.test_static import static_node
+from tests.support import tree
 from tests.support.base import SAMPLES, examples
 from tests.support.promtext import parse
-from topology import yamltext
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology, dump_yaml, load_yaml
 
@@ -385,10 +385,10 @@ def test_keys_longer_than_yaml_allows_implicitly_are_written_and_read_back() -> 
     text = dump_yaml(state.topology())
     assert load_yaml(text) == state.topology()
     assert list(load_yaml(text).nodes[name].gpus[0].status.pod_gpu_usage_status) == [uid]  # type: ignore[union-attr]
-    assert yamltext.dump({"k" * 2000: {"v": 1}, "short": 2}) == (
+    assert tree.dump({"k" * 2000: {"v": 1}, "short": 2}) == (
         f"? {'k' * 2000}\n:\n  v: 1\nshort: 2\n"
     )
-    assert yaml.safe_load(yamltext.dump({"k" * 2000: {"v": 1}})) == {"k" * 2000: {"v": 1}}
+    assert yaml.safe_load(tree.dump({"k" * 2000: {"v": 1}})) == {"k" * 2000: {"v": 1}}
 
 
 def test_an_older_pod_that_lost_devices_takes_none_from_a_younger_one() -> None:

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.text import one_line
+from tests.support import tree
 from tests.support.base import SAMPLES
-from topology import yamltext
 from topology.errors import TopologyError
 from topology.model import (
     AllocatedBy,
@@ -27,7 +27,6 @@ from topology.model import (
     dump_yaml,
     from_dict,
     load_yaml,
-    to_dict,
 )
 from topology.validate import errors
 
@@ -188,8 +187,8 @@ topologies = st.builds(Topology, st.sampled_from(["none", "single", "mixed"]),
 @given(topologies)
 def test_the_fast_writer_writes_what_the_generic_one_does(topology: Topology) -> None:
     text = dump_yaml(topology)
-    assert text == yamltext.dump(to_dict(topology))  # which PyYAML reads back (test_yamltext.py)
-    assert yaml.safe_load(text) == to_dict(topology)
+    assert text == tree.dump(tree.to_dict(topology))  # which PyYAML reads back (test_yamltext.py)
+    assert yaml.safe_load(text) == tree.to_dict(topology)
 
 
 @given(topologies)
@@ -205,7 +204,7 @@ def test_sharing_adds_keys_and_changes_nothing_a_reader_of_the_old_schema_reads(
             return [without(v) for v in value]
         return value
 
-    old = from_dict(without(to_dict(topology)))
+    old = from_dict(without(tree.to_dict(topology)))
     unshared = {
         name: replace(node, sharing=None, gpus=tuple(
             replace(g, status=_unshared(g.status), mig_devices=None if g.mig_devices is None
@@ -213,7 +212,7 @@ def test_sharing_adds_keys_and_changes_nothing_a_reader_of_the_old_schema_reads(
             for g in node.gpus))
         for name, node in topology.nodes.items()
     }  # fmt: skip
-    assert old == from_dict(to_dict(replace(topology, nodes=unshared)))
+    assert old == from_dict(tree.to_dict(replace(topology, nodes=unshared)))
 
 
 def _unshared(status: DeviceStatus | None) -> DeviceStatus | None:

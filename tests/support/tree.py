@@ -1,0 +1,113 @@
+"""Oracles for the topology's text: the schema as a plain tree, and a block-YAML writer.
+
+The product writes `topology.yml` straight from the dataclasses (`model.dump_yaml`) for speed;
+these are the slow, obvious forms it is checked against (tests/topology/test_topology_model.py,
+tests/topology/test_yamltext.py). They were product code used only by tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from topology.model import DeviceStatus, MigDevice, Topology
+from topology.yamltext import key, scalar
+
+
+def _status_to_dict(status: DeviceStatus) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if status.allocated_by is not None:
+        a = status.allocated_by
+        out["allocated-by"] = {"namespace": a.namespace, "pod": a.pod, "container": a.container}
+    if status.pod_gpu_usage_status:
+        out["pod-gpu-usage-status"] = {
+            uid: {
+                "utilization": {"min": u.utilization.min, "max": u.utilization.max},
+                "fb-used": u.fb_used,
+                "is-inference-pod": u.is_inference_pod,
+            }
+            for uid, u in sorted(status.pod_gpu_usage_status.items())
+        }
+    if status.replicas:
+        out["replicas"] = [
+            {"replica": r.index, "namespace": r.holder.namespace, "pod": r.holder.pod,
+             "container": r.holder.container, "pod-uid": r.pod_uid}
+            for r in status.replicas
+        ]  # fmt: skip
+    return out
+
+
+def _mig_to_dict(dev: MigDevice) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if dev.id is not None:
+        out["id"] = dev.id
+    out |= {"name": dev.name, "position": dev.position, "gpu-instance-id": dev.gpu_instance_id}
+    if dev.status is not None:
+        out["status"] = _status_to_dict(dev.status)
+    return out
+
+
+def to_dict(topology: Topology) -> dict[str, Any]:
+    nodes: dict[str, Any] = {}
+    for name in sorted(topology.nodes):
+        node = topology.nodes[name]
+        gpus = []
+        for gpu in node.gpus:
+            g: dict[str, Any] = {"id": gpu.id}
+            if gpu.status is not None:
+                g["status"] = _status_to_dict(gpu.status)
+            if gpu.mig_devices is not None:
+                g["mig-devices"] = [_mig_to_dict(d) for d in gpu.mig_devices]
+            gpus.append(g)
+        nodes[name] = {
+            "gpu-count": node.gpu_count,
+            "gpu-memory": node.gpu_memory,
+            "gpu-product": node.gpu_product,
+            "is-dynamic-mig-enabled": node.is_dynamic_mig_enabled,
+            "gpus": gpus,
+        }
+        if node.sharing is not None:
+            sharing = {"strategy": node.sharing.strategy, "replicas": node.sharing.replicas}
+            nodes[name]["sharing"] = sharing
+    return {"mig-strategy": topology.mig_strategy, "nodes": nodes}
+
+
+_SCALARS = frozenset((str, int, bool, type(None)))
+
+
+def _nested(value: object) -> bool:
+    kind = type(value)
+    if kind is dict or kind is list or kind is tuple:  # the common cases first: no ABC checks
+        return len(value) > 0  # type: ignore[arg-type]
+    if kind in _SCALARS:
+        return False
+    return isinstance(value, Mapping | list | tuple) and len(value) > 0
+
+
+def _block(value: Any, indent: str, out: list[str]) -> None:
+    if type(value) is dict or isinstance(value, Mapping):
+        inner = indent + "  "
+        for k, item in value.items():
+            if not _nested(item):
+                out.append(f"{key(k, indent)} {scalar(item)}")
+                continue
+            out.append(key(k, indent))
+            # A list under a key starts at the key's column, as PyYAML writes it.
+            _block(item, indent if type(item) is list or type(item) is tuple else inner, out)
+        return
+    for item in value:
+        if not _nested(item):
+            out.append(f"{indent}- {scalar(item)}")
+            continue
+        start = len(out)
+        _block(item, indent + "  ", out)
+        out[start] = f"{indent}- {out[start][len(indent) + 2 :]}"
+
+
+def dump(data: object) -> str:
+    """`data` as a block-style YAML document."""
+    if not _nested(data):
+        return scalar(data) + "\n"
+    out: list[str] = []
+    _block(data, "", out)
+    return "\n".join(out) + "\n"
