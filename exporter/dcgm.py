@@ -4,6 +4,7 @@ Pure but for the energy counter: `entities(node, options, now)` -> the node's se
 `fragments` -> each family's series lines of one node; `join` -> the bytes of `/metrics` for one
 node or many (the series of a family stay together, under one HELP and TYPE). They run once per
 change of the snapshot and once per collection step (values move in time), never per scrape.
+The NVML path (nvml.py) builds its subjects with the same labels (series.py) and shares the rest.
 
 Families, their order, type and help come from the counters CSV (fields.py); values from
 readings.py, each field's through its declared reading. On a dynamic-MIG node (the real dumps in
@@ -32,9 +33,10 @@ from functools import lru_cache
 
 from exporter import readings
 from exporter.fields import DEFAULT_COUNTERS, EMPTY, GPU, MIG, Counters, read_counters
-from exporter.readings import EnergyMeter, Reading
+from exporter.readings import EnergyMeter
+from exporter.series import GpuLabels, InstanceSeries, Labels, Subject, gpu_subjects
 from topology.catalog import GpuModel, model_for_product, nvml_model_name
-from topology.model import AllocatedBy, DeviceStatus, Gpu, MigDevice, NodeTopology
+from topology.model import Gpu, MigDevice, NodeTopology
 
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 FB_FREE = "DCGM_FI_DEV_FB_FREE"
@@ -65,9 +67,6 @@ class Options:
     # each naming its pod and `vgpu` (the replica); off, one series names one of the pods.
     virtual_gpus: bool = False
     energy: EnergyMeter = field(default_factory=EnergyMeter, compare=False, repr=False)
-
-
-Labels = tuple[tuple[str, str], ...]  # (name, value) in dcgm-exporter's order
 
 
 def _mig_order(model: GpuModel, dev: MigDevice) -> tuple[int, int]:
@@ -107,55 +106,31 @@ def _label_fields(options: Options, gpu: Gpu) -> Labels:
     return tuple((name, _label_value(name, options, gpu)) for name in options.counters.labels)
 
 
-def holder(status: DeviceStatus | None) -> Labels:
-    """container, namespace, pod of the pod holding a device (empty when free)."""
-    return _pod_labels(status.allocated_by if status else None)
-
-
-def _pod_labels(a: AllocatedBy | None) -> Labels:
-    values = (a.container, a.namespace, a.pod) if a else ("", "", "")
-    return tuple(zip(("container", "namespace", "pod"), values, strict=True))
-
-
-def holders(status: DeviceStatus | None, options: Options) -> list[Labels]:
-    """The pod labels of a device's series: one set (the pod holding it, or one of the pods
-    sharing it), or in virtual-GPU mode one per replica held, each with its `vgpu` after the
-    pod labels, where dcgm-exporter's sorted attributes put it."""
-    if options.virtual_gpus and status is not None and status.replicas:
-        return [(*_pod_labels(r.holder), ("vgpu", str(r.index))) for r in status.replicas]
-    return [holder(status)]
-
-
-def entities(node: NodeTopology, options: Options, now: float) -> list[tuple[str, Labels, Reading]]:
+def entities(node: NodeTopology, options: Options, now: float) -> list[Subject]:
     """Every series subject of the node in dcgm-exporter's order: (kind, labels, reading)."""
     model = model_for_product(node.gpu_product)
     model_name = nvml_model_name(node.gpu_product)
-    host = (("Hostname", options.hostname),)
     # Static MIG: dcgm-exporter maps instances to pods through the kubelet's pod-resources API.
     # run:ai's dynamic MIG hides them from it, so its series leave the pod labels empty.
     name_holders = options.mig_pod_labels or not node.is_dynamic_mig_enabled
-    out: list[tuple[str, Labels, Reading]] = []
+    out: list[Subject] = []
     for index, gpu in enumerate(node.gpus):
-        base = (("gpu", str(index)), ("UUID", gpu.id), ("device", f"nvidia{index}"),
-                ("modelName", model_name))  # fmt: skip
-        extra = _label_fields(options, gpu)
+        labels = GpuLabels(index, gpu.id, index, model_name, options.hostname,
+                           _label_fields(options, gpu))  # fmt: skip
         mig = gpu.mig_devices is not None and model is not None
-        instances: tuple[MigDevice, ...] = ()
+        devices: tuple[MigDevice, ...] = ()
         if mig and model is not None and gpu.mig_devices:
-            instances = tuple(sorted(gpu.mig_devices, key=lambda d: _mig_order(model, d)))
+            devices = tuple(sorted(gpu.mig_devices, key=lambda d: _mig_order(model, d)))
         reading, per_instance = readings.read_gpu(
-            gpu, model, node.gpu_memory, now, (options.energy, options.hostname), instances
+            gpu, model, node.gpu_memory, now, (options.energy, options.hostname), devices
         )
-        if not mig:
-            out += [
-                (GPU, base + host + extra + pod, reading) for pod in holders(gpu.status, options)
-            ]
-        elif not instances:
-            out.append((EMPTY, base + host + extra + holder(None), reading))
-        for dev, r in zip(instances, per_instance, strict=True):
-            mig_labels = (("GPU_I_PROFILE", dev.name), ("GPU_I_ID", str(dev.gpu_instance_id)))
-            pods = holders(dev.status if name_holders else None, options)
-            out += [(MIG, base + mig_labels + host + extra + pod, r) for pod in pods]
+        instances = [
+            InstanceSeries(dev.name, dev.gpu_instance_id, dev.status if name_holders else None, r)
+            for dev, r in zip(devices, per_instance, strict=True)
+        ]
+        out += gpu_subjects(
+            labels, reading, gpu.status, instances if mig else None, options.virtual_gpus
+        )
     return out
 
 
@@ -212,9 +187,7 @@ def fragments(node: NodeTopology, options: Options, now: float) -> dict[str, byt
     return subject_fragments(entities(node, options, now), options.counters)
 
 
-def subject_fragments(
-    subjects: Iterable[tuple[str, Labels, Reading]], counters: Counters
-) -> dict[str, bytes]:
+def subject_fragments(subjects: Iterable[Subject], counters: Counters) -> dict[str, bytes]:
     """The series lines of `entities`' subjects (simulated or read), per family: a value the
     source does not have (None) has no line."""
     texts = [

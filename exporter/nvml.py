@@ -1,8 +1,8 @@
 """Real GPUs read through NVML (pynvml, package nvidia-ml-py): the simulated path's series, real values.
 
 `open_nvml` loads and initialises NVML (or says in one line why it cannot); `collect` reads every
-GPU and MIG device into a `NodeSample`; `entities` turns a sample into the same series subjects,
-label names and order as `dcgm.entities`, so `dcgm.subject_fragments` renders both. A collection
+GPU and MIG device into a `NodeSample`; `entities` turns a sample into series subjects with the
+one label builder of both paths (series.py), so `dcgm.subject_fragments` renders both. A collection
 runs on its own interval and scrapes serve its last rendering: they never call NVML.
 
 What NVML reads, per GPU: name (`modelName`), UUID, minor number (`device`), serial, brand, MIG
@@ -29,9 +29,9 @@ from typing import Any
 
 from common.text import one_line
 from exporter import dcgm
-from exporter.fields import EMPTY, GPU, MIG
 from exporter.readings import Reading
-from topology.model import MigDevice, NodeTopology
+from exporter.series import GpuLabels, InstanceSeries, Labels, Subject, gpu_subjects
+from topology.model import NodeTopology
 
 MIB = 1 << 20
 # nvidia-smi's "Product Brand" names of NVML's nvmlBrandType_t, which DCGM_FI_DEV_BRAND carries.
@@ -292,7 +292,7 @@ def collect(nv: ModuleType) -> NodeSample:
     return NodeSample(driver, nvml_version, tuple(gpus), tuple(lost))
 
 
-def _label_fields(sample: NodeSample, gpu: GpuSample, options: dcgm.Options) -> dcgm.Labels:
+def _label_fields(sample: NodeSample, gpu: GpuSample, options: dcgm.Options) -> Labels:
     values = {
         "DCGM_FI_DRIVER_VERSION": sample.driver_version,
         "DCGM_FI_NVML_VERSION": sample.nvml_version,
@@ -312,37 +312,34 @@ def _reading(values: dict[str, int | float], memory: Memory | None = None) -> Re
 
 def entities(
     sample: NodeSample, options: dcgm.Options, node: NodeTopology | None = None
-) -> list[tuple[str, dcgm.Labels, Reading]]:
-    """The sample's series subjects in dcgm-exporter's order, as `dcgm.entities` gives them.
+) -> list[Subject]:
+    """The sample's series subjects in dcgm-exporter's order, labelled as `dcgm.entities` labels
+    the simulated ones (series.py).
 
     `node`, the topology of this node where one is available, names the pod holding each whole
     GPU (by UUID), and each MIG instance where the simulated path would (static MIG, or
     `mig_pod_labels`); without it the pod labels are empty.
     """
-    host = (("Hostname", options.hostname),)
     whole = {g.id: g for g in node.gpus} if node else {}
     name_holders = node is not None and (options.mig_pod_labels or not node.is_dynamic_mig_enabled)
-    out: list[tuple[str, dcgm.Labels, Reading]] = []
+    out: list[Subject] = []
     for gpu in sample.gpus:
-        base = (("gpu", str(gpu.index)), ("UUID", gpu.uuid), ("device", f"nvidia{gpu.minor}"),
-                ("modelName", gpu.name))  # fmt: skip
-        extra = _label_fields(sample, gpu, options)
+        labels = GpuLabels(gpu.index, gpu.uuid, gpu.minor, gpu.name, options.hostname,
+                           _label_fields(sample, gpu, options))  # fmt: skip
         known = whole.get(gpu.uuid)
-        if not gpu.mig:
-            pods = dcgm.holders(known.status if known else None, options)
-            out += [(GPU, base + host + extra + pod, _reading(gpu.values)) for pod in pods]
-            continue
-        if not gpu.instances:
-            out.append((EMPTY, base + host + extra + dcgm.holder(None), _reading(gpu.values)))
-        devices: dict[int, MigDevice] = {
-            d.gpu_instance_id: d for d in (known.mig_devices or ()) if name_holders
-        } if known else {}  # fmt: skip
-        for inst in gpu.instances:
-            mig_labels = (("GPU_I_PROFILE", inst.profile), ("GPU_I_ID", str(inst.gpu_instance_id)))
-            dev = devices.get(inst.gpu_instance_id)
-            reading = _reading(gpu.values, inst.memory)
-            out += [(MIG, base + mig_labels + host + extra + pod, reading)
-                    for pod in dcgm.holders(dev.status if dev else None, options)]  # fmt: skip
+        # The pods of its instances, by GPU instance id, where they are named.
+        pods = {d.gpu_instance_id: d.status for d in known.mig_devices or ()} if known else {}
+        instances = [
+            InstanceSeries(i.profile, i.gpu_instance_id,
+                           pods.get(i.gpu_instance_id) if name_holders else None,
+                           _reading(gpu.values, i.memory))
+            for i in gpu.instances
+        ]  # fmt: skip
+        status = known.status if known else None
+        reading = _reading(gpu.values)
+        out += gpu_subjects(
+            labels, reading, status, instances if gpu.mig else None, options.virtual_gpus
+        )
     return out
 
 

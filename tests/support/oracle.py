@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from exporter import dcgm
-from exporter.dcgm import Labels
 from exporter.fields import Counter
+from exporter.series import Labels
 from topology.model import NodeTopology
 
 

@@ -1,0 +1,87 @@
+"""What names a GPU's series: the one label builder of the simulated path and the NVML path.
+
+A series subject is (kind, labels, reading): `dcgm.subject_fragments` writes one series per field
+served for its kind (fields.py). The labels follow dcgm-exporter's order, as the real dumps in
+samples/mig/metrics/ show:
+
+    gpu, UUID, device, modelName, [GPU_I_PROFILE, GPU_I_ID,] Hostname, <label fields>,
+    container, namespace, pod, [vgpu]
+
+A GPU with MIG off has its own series, once per pod label set (`holders`); a GPU with MIG on has
+one series per instance, or with no instance its GPU-level series only, with empty pod labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from exporter.fields import EMPTY, GPU, MIG
+from exporter.readings import Reading
+from topology.model import AllocatedBy, DeviceStatus
+
+Labels = tuple[tuple[str, str], ...]  # (name, value) in dcgm-exporter's order
+Subject = tuple[str, Labels, Reading]  # (GPU, MIG or EMPTY, its labels, its values)
+
+
+@dataclass(frozen=True)
+class GpuLabels:
+    """What every series of one GPU is labelled with, whichever source read it."""
+
+    index: int  # `gpu`: its place in the driver's list
+    uuid: str
+    minor: int  # `device` is nvidia<minor>
+    model: str  # `modelName`, as NVML names it
+    hostname: str
+    fields: Labels  # the counters' label fields, after `Hostname`
+
+
+@dataclass(frozen=True)
+class InstanceSeries:
+    """One MIG instance of a GPU: its labels, the device whose pods name it, its values."""
+
+    profile: str  # `GPU_I_PROFILE`, e.g. 1g.5gb
+    gpu_instance_id: int  # `GPU_I_ID`
+    status: DeviceStatus | None  # None where its pods are not named (dynamic MIG)
+    reading: Reading
+
+
+def gpu_subjects(
+    gpu: GpuLabels,
+    reading: Reading,
+    status: DeviceStatus | None,
+    instances: Sequence[InstanceSeries] | None,
+    virtual_gpus: bool,
+) -> list[Subject]:
+    """The series subjects of one GPU: its own with MIG off (`instances` None, `status` naming
+    its pods), else one per instance, or its GPU-level one when it has no instance."""
+    base = (("gpu", str(gpu.index)), ("UUID", gpu.uuid), ("device", f"nvidia{gpu.minor}"),
+            ("modelName", gpu.model))  # fmt: skip
+    tail = (("Hostname", gpu.hostname), *gpu.fields)
+    if instances is None:
+        return [(GPU, base + tail + pod, reading) for pod in holders(status, virtual_gpus)]
+    out: list[Subject] = [] if instances else [(EMPTY, base + tail + holder(None), reading)]
+    for inst in instances:
+        mig = (("GPU_I_PROFILE", inst.profile), ("GPU_I_ID", str(inst.gpu_instance_id)))
+        pods = holders(inst.status, virtual_gpus)
+        out += [(MIG, base + mig + tail + pod, inst.reading) for pod in pods]
+    return out
+
+
+def holder(status: DeviceStatus | None) -> Labels:
+    """container, namespace, pod of the pod holding a device (empty when free)."""
+    return _pod_labels(status.allocated_by if status else None)
+
+
+def _pod_labels(a: AllocatedBy | None) -> Labels:
+    values = (a.container, a.namespace, a.pod) if a else ("", "", "")
+    return tuple(zip(("container", "namespace", "pod"), values, strict=True))
+
+
+def holders(status: DeviceStatus | None, virtual_gpus: bool) -> list[Labels]:
+    """The pod labels of a device's series: one set (the pod holding it, or one of the pods
+    sharing it), or in virtual-GPU mode one per replica held, each with its `vgpu` after the
+    pod labels, where dcgm-exporter's sorted attributes put it."""
+    if virtual_gpus and status is not None and status.replicas:
+        return [(*_pod_labels(r.holder), ("vgpu", str(r.index))) for r in status.replicas]
+    return [holder(status)]
