@@ -21,7 +21,7 @@ RUN /opt/venv/bin/pip install --no-cache-dir .
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="mig-exporter" \
-      org.opencontainers.image.description="DCGM-compatible Prometheus exporter for run:ai dynamic MIG" \
+      org.opencontainers.image.description="DCGM-compatible Prometheus exporter for MIG GPUs, simulated or read from NVML" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /opt/venv /opt/venv
 # PYTHONSAFEPATH: `python -m` must not put the working directory on sys.path.
