@@ -21,7 +21,7 @@ by a Running pod (5,000 nodes: 160,000 pods). One run prints one line per figure
    after gc and the peak (VmHWM). Then again with the raw objects kept, as a cache of whole
    objects would. The same subprocess times that realistic initial sync (JSON parsing included).
 5. many-nodes exporter with --exporter-nodes nodes: one node changes -> its ConfigMap parsed,
-   `update_source`, `render()` (p50, p99 of --changes); scraping the whole `/metrics` body from
+   `update_source`, `snapshot()` (p50, p99 of --changes); scraping the whole `/metrics` body from
    `MetricsServer` beside prometheus_client serving a collector that builds the families of every
    node on each scrape (p50, p99 of --scrapes, loopback).
 
