@@ -433,7 +433,9 @@ def test_every_variable_a_command_reads_is_one_it_checks() -> None:
         ours = [m for m in listed if m.split(".")[0] in ("exporter", "kube", "status_updater",
                                                          "topology")]  # fmt: skip
         sources = "".join(Path(importlib.import_module(m).__file__ or "").read_text() for m in ours)
-        assert set(read.findall(sources)) <= set(cli_module(command).ENVIRONMENT), command
+        # Under mutmut the sources also hold its mutants, whose strings it wraps in XX...XX.
+        found = {v for v in read.findall(sources) if not (v.startswith("XX") and v.endswith("XX"))}
+        assert found <= set(cli_module(command).ENVIRONMENT), command
 
 
 @settings(derandomize=True, max_examples=examples(12), deadline=None)
