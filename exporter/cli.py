@@ -48,7 +48,8 @@ def _env_flag(name: str) -> bool:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m exporter",
-        description="Serve the DCGM metrics of one node of the MIG topology, or of this machine's GPUs through NVML.",
+        description="Serve the DCGM metrics of one node of the MIG topology, of every node "
+        "(--all-nodes), or of this machine's GPUs through NVML.",
     )
     _topology_arguments(p)
     p.add_argument("--once", action="store_true", help="print the exposition and exit")
@@ -66,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kubeconfig",
         default=os.environ.get("KUBECONFIG"),
-        help="kubeconfig when not in a cluster (env KUBECONFIG)",
+        help="kubeconfig to use (env KUBECONFIG; default: in-cluster config, else ~/.kube/config)",
     )
     return p
 

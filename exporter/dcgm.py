@@ -18,7 +18,8 @@ samples/mig/metrics/):
 
 one series per MIG instance, no utilization fields, pod labels empty (unless `mig_pod_labels`);
 on a static-MIG node (`is-dynamic-mig-enabled: false`) they name the pod holding the instance.
-A GPU with MIG off has one series per field with the pod that holds it; a GPU with MIG on and no
+A GPU with MIG off has one series per field with the pod that holds it (one per replica
+with `virtual_gpus`); a GPU with MIG on and no
 instance has its GPU-level series only. Integers print without a decimal point, DCGM's doubles
 with six decimals, as dcgm-exporter prints them.
 """
