@@ -8,10 +8,14 @@ from typing import Any
 
 import yaml
 
+from common.files import UnreadableFile, read_text
 from common.text import kind_of, one_line
 from common.yamlload import load_documents, load_json
 
 SUFFIXES = (".yaml", ".yml", ".json")
+# A cluster's whole `kubectl get pods -A -o yaml` fits many times over; /dev/zero or a FIFO given
+# by mistake is refused instead of read forever or waited on.
+MAX_INPUT_BYTES = 1 << 30
 
 
 class InputError(Exception):
@@ -24,17 +28,17 @@ def _files(path: Path) -> Iterator[Path]:
         if not found:
             raise InputError(f"{path}: no .yaml, .yml or .json files in this directory")
         yield from found
-    elif path.is_file():
-        yield path
+    elif path.exists():
+        yield path  # read_text refuses a FIFO or a device: one line, never a wait
     else:
         raise InputError(f"{path}: no such file or directory")
 
 
 def _documents(path: Path) -> Iterator[Any]:
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read: {e}") from None
+        text = read_text(path, MAX_INPUT_BYTES)
+    except UnreadableFile as e:
+        raise InputError(f"{path}: {e}") from None
     try:
         if path.suffix == ".json":
             yield load_json(text)

@@ -10,6 +10,7 @@ would refuse, is said and not placed.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +143,22 @@ def test_whole_counts_in_any_form_the_api_or_yaml_writes_are_placed() -> None:
         result = state.results["k80-a"]
         assert isinstance(result, NodeTopology) and state.node_warnings("k80-a") == []
         assert sum(g.status is not None for g in result.gpus) == int(value)
+
+
+def test_a_file_that_is_no_regular_file_is_refused_not_read_forever(tmp_path: Path) -> None:
+    """A FIFO would block render, /dev/zero never end: both are one line naming the path."""
+    fifo = tmp_path / "nodes.yaml"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero"):
+        result = run_cli("status_updater", "render", "--nodes", path, timeout=20)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines() == [f"error: {path}: not a regular file"]
+
+
+def test_a_file_over_the_bound_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from status_updater import inputs
+
+    monkeypatch.setattr(inputs, "MAX_INPUT_BYTES", 100)
+    big = write(tmp_path / "nodes.yaml", "documents", [whole_gpu_node(f"n{i}") for i in range(3)])
+    with pytest.raises(inputs.InputError, match=r"nodes.yaml: larger than 100 bytes$"):
+        list(inputs.load_objects([str(big)], "Node", []))
