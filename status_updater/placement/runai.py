@@ -28,7 +28,10 @@ def _annotation(pod: Obj) -> str | None:
 
 
 def applies(board: Board, pod: Obj) -> bool:
-    return board.node.is_dynamic_mig_enabled and bool(_annotation(pod))
+    """A dynamic-MIG node's pod with the annotation; one that is not a string is placed here
+    too, so that `place` says so (read once there: this runs for every pod)."""
+    value = strings(metadata(pod).get("annotations")).get(runai.ANNOTATION_POD_MIG_DEVICE)
+    return board.node.is_dynamic_mig_enabled and value is not None and value != ""
 
 
 def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:

@@ -6,6 +6,7 @@ import base64
 import json
 from typing import Any
 
+import pytest
 import yaml
 from freezegun import freeze_time
 
@@ -462,3 +463,20 @@ def test_a_run_ai_node_s_gpus_outside_its_layout_are_mig_enabled_and_empty() -> 
     assert [g.mig_devices for g in build_node(bare).gpus] == [(), ()]
     first, second = build_node(laid).gpus
     assert [d.name for d in first.mig_devices or ()] == ["3g.20gb"] and second.mig_devices == ()
+
+
+@pytest.mark.parametrize("value", [0, {}, [], False, 5, {"gpuindex": 0}])
+def test_a_mig_device_annotation_that_is_no_string_is_said_even_when_empty(value: object) -> None:
+    """An empty annotation is as if none were there (whole GPUs); any value that is not a
+    string, falsy ones too, is the pod's error naming the field, never a silent whole GPU."""
+    blank, odd = (gpu_pod(n, "dyn", 1, "2024-01-01T00:00:00Z") for n in ("blank", "odd"))
+    blank["metadata"]["annotations"] = {"runai-mig-device": ""}
+    odd["metadata"]["annotations"] = {"runai-mig-device": value}
+    state = ClusterState.of([dynamic_node_with_whole_gpus("dyn")], [blank, odd])
+    result = state.results["dyn"]
+    assert isinstance(result, NodeTopology)
+    assert [g.status.allocated_by.pod if g.status and g.status.allocated_by else None
+            for g in result.gpus] == [None, "blank", None]  # fmt: skip
+    assert [str(w) for w in state.all_warnings()] == [
+        f"pod ns/odd: metadata.annotations[runai-mig-device]: expected a string, got {value!r}"
+    ]
