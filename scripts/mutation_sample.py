@@ -72,10 +72,12 @@ def statuses(root: Path) -> dict[str, str]:
 @dataclass(frozen=True)
 class Suite:
     """The unit suite as mutmut's configuration selects it, read once: its files in name order,
-    the text of each (to find the ones naming a function), and pytest's other options."""
+    the text of each (to find the ones naming a function), pytest's other options, and which
+    test files mutmut saw reaching each function (its stats, from the clean run)."""
 
     files: dict[str, str]  # tests/<room>/test_x.py -> its text
     options: list[str]
+    reaching: dict[str, list[str]]  # mangled function name -> test files, quickest first
 
     @classmethod
     def read(cls, root: Path) -> Suite:
@@ -90,19 +92,42 @@ class Suite:
             if not (name := p.relative_to(mutants).as_posix()).startswith(ignored)
         }
         options = [a for a in args if a != "tests/" and not a.startswith("--ignore=")]
-        return cls(files, options)
+        return cls(files, options, _reaching(mutants / "mutmut-stats.json", files))
 
     def ordered_for(self, name: str) -> list[str]:
-        """The files named after the mutant's module, then those that name its function (or
-        its class), then the broad ones, then the rest. One by one: given a directory too,
-        pytest runs its files in name order, whatever came first on the command line."""
-        module = name.split(".")[1].strip("_")  # topology.catalog.x__p__mutmut_30 -> catalog
-        function = name.split(".")[2].split("__mutmut_")[0].removeprefix("x_").removeprefix("xǁ")
+        """The files whose tests mutmut saw reach the mutant's function, then those named after
+        its module, then those that name its function (or its class), then the broad ones, then
+        the rest. One by one: given a directory too, pytest runs its files in name order,
+        whatever came first on the command line."""
+        parts = name.split(".")
+        # topology.catalog.x__p__mutmut_30, status_updater.placement.shared.xǁBoardǁhold__mutmut_2
+        at = next(i for i, part in enumerate(parts) if part.startswith(("x_", "xǁ")))
+        module = parts[at - 1].strip("_")
+        function = parts[at].split("__mutmut_")[0].removeprefix("x_").removeprefix("xǁ")
         word = function.split("ǁ")[0].strip("_")  # xǁLeaderElectorǁrelease -> LeaderElector
+        reaching = self.reaching.get(name.split("__mutmut_")[0], [])
         named = [f for f in self.files if module and module in f.rsplit("/test_", 1)[1]]
         naming = [f for f, text in self.files.items() if word and word in text]
         broad = [t for t in BROAD if t in self.files]
-        return list(dict.fromkeys([*named, *naming, *broad, *self.files]))
+        return list(dict.fromkeys([*reaching, *named, *naming, *broad, *self.files]))
+
+
+def _reaching(stats: Path, files: dict[str, str]) -> dict[str, list[str]]:
+    """Per function, the files of the tests that called it in mutmut's clean run, the file of
+    the quickest such test first."""
+    if not stats.exists():
+        return {}
+    data = json.loads(stats.read_text())
+    duration: dict[str, float] = data.get("duration_by_test", {})
+    out: dict[str, list[str]] = {}
+    for function, tests in data.get("tests_by_mangled_function_name", {}).items():
+        quickest: dict[str, float] = {}
+        for test in tests:
+            file = test.split("::", 1)[0]
+            if file in files:
+                quickest[file] = min(quickest.get(file, math.inf), duration.get(test, math.inf))
+        out[function] = sorted(quickest, key=lambda f: quickest[f])
+    return out
 
 
 def rejudge(root: Path, suite: Suite, name: str, seconds: float) -> str:
