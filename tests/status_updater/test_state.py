@@ -318,3 +318,19 @@ def test_new_layouts_rebuild_the_static_nodes_only() -> None:
     state.set_layouts({"all-1g.5gb": migparted.builtin()["all-3g.20gb"]})
     assert state.settle() == {"s"}
     assert state.reconsidered == {"s"}
+
+
+def test_an_id_a_node_gave_up_is_free_for_another() -> None:
+    """a's mapping stops naming a's ids (re-mapped after b's): a no longer claims them, so a
+    newer node b naming them later owns them, and b is no bad node."""
+    older, newer = "2025-01-01T00:00:00Z", "2026-01-01T00:00:00Z"
+    a, b = node("a"), node("b", mapping_from="a")
+    a["metadata"]["creationTimestamp"], b["metadata"]["creationTimestamp"] = older, newer
+    state = ClusterState.of([a], [])
+    remapped = node("a", mapping_from="c")  # a's devices now named MIG-c-…
+    remapped["metadata"]["creationTimestamp"] = older
+    state.set_node(slim_node(remapped))
+    state.settle()
+    state.set_node(slim_node(b))
+    state.settle()
+    assert all(isinstance(state.results[n], NodeTopology) for n in "ab")

@@ -725,3 +725,15 @@ def test_dynamic_mig_series_do_not_name_pods(tmp_path: Path) -> None:
     series = parse(export(tmp_path, rendered, NODE))
     assert any("GPU_I_PROFILE" in s.label_names for s in series)
     assert holder_labels(series) == set()
+
+
+def test_single_strategy_request_over_the_instances_names_them_mig_devices() -> None:
+    """Under the single strategy `nvidia.com/gpu` is a MIG instance of any profile: a pod asking
+    for more than are free is told in those words."""
+    node = static_node("s", "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", 7, "all-1g.5gb", "single")
+    greedy = pod("greedy", "s", "2024-01-01T00:00:00Z", {"c": {"nvidia.com/gpu": "8"}})
+    state = ClusterState.of([node], [greedy])
+    assert [str(w) for w in state.all_warnings()] == [
+        "pod team/greedy: spec.containers[0].resources.limits[nvidia.com/gpu]: asks for 8 "
+        "MIG device, node s has 7 free"
+    ]
