@@ -299,6 +299,12 @@ def shown(value: object) -> str:
     return text if len(text) <= 40 else f"{text[:37]}..."
 
 
+def mig_profile(resource: str) -> str | None:
+    """The MIG profile a resource asks for (`nvidia.com/mig-1g.5gb` -> `1g.5gb`); None for
+    `nvidia.com/gpu`, which under the single strategy is an instance of any profile."""
+    return None if resource == GPU_RESOURCE else resource.removeprefix(runai.MIG_RESOURCE_PREFIX)
+
+
 def whole_gpus_requested(pod: Obj) -> int:
     return sum(n for _, _, resource, n in requests(pod) if base_resource(resource) == GPU_RESOURCE)
 

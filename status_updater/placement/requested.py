@@ -4,10 +4,9 @@ pod that does not fit gets nothing, as the kubelet admits a pod whole or not at 
 
 from __future__ import annotations
 
-from status_updater.objects import Obj, names, pod_ref, pod_uid, requests
+from status_updater.objects import Obj, mig_profile, names, pod_ref, pod_uid, requests
 from status_updater.placement.board import Board, Policy
 from status_updater.usage import pod_usage
-from topology import runai
 from topology.errors import TopologyError
 from topology.model import AllocatedBy, DeviceStatus, PodUsage
 from topology.sharing import GPU_RESOURCE
@@ -63,7 +62,7 @@ def _mig_picks(
 ) -> list[tuple[int, int, str]]:
     """The MIG devices (GPU, device) one container gets for one resource: of its profile (any,
     for the single strategy's `nvidia.com/gpu`), free, not taken by the pod's other containers."""
-    profile = None if resource == GPU_RESOURCE else resource.removeprefix(runai.MIG_RESOURCE_PREFIX)
+    profile = mig_profile(resource)
     held = {(g, d) for g, d, _ in taken}
     mine = {(g, d) for g, d, c in board.kept.get(uid, ()) if c == container}
     free = [

@@ -9,13 +9,12 @@ from __future__ import annotations
 import heapq
 from collections import Counter, deque
 
-from status_updater.objects import Obj, names, pod_ref, pod_uid, requests
+from status_updater.objects import Obj, mig_profile, names, pod_ref, pod_uid, requests
 from status_updater.placement.board import Board, Device, Policy
 from status_updater.usage import pod_usage
-from topology import runai
 from topology.errors import TopologyError
 from topology.model import AllocatedBy, DeviceStatus, PodUsage, Replica
-from topology.sharing import GPU_RESOURCE, base_resource
+from topology.sharing import base_resource
 
 Pick = tuple[int, int | None, int]  # (GPU, MIG device or None, replica)
 
@@ -66,8 +65,7 @@ def _container_picks(
         )
 
     resource = base_resource(resource)
-    profile = None if resource == GPU_RESOURCE else resource.removeprefix(
-        runai.MIG_RESOURCE_PREFIX)  # fmt: skip
+    profile = mig_profile(resource)
     devices = _shared_devices(board, profile)
     known = set(devices)
     mine = [(g, d, r) for g, d, r, c in board.kept_replicas.get(uid, ())
