@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SAMPLE_TOPOLOGY := samples/mig/topology/a100-40gb-active.yaml
 SAMPLE_NODE := qa-mig-worker-gpu-a100
 
-.PHONY: run-sample test test-slow lint venv bench soak mutation mutation-sample
+.PHONY: run-sample test test-slow lint venv bench soak mutation mutation-sample docs-help
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -60,3 +60,7 @@ mutation: $(VENV)/.installed
 SAMPLE_ARGS ?= --per-package 150 --seed 9 --rejudge-seconds 50
 mutation-sample: $(VENV)/.installed
 	HYPOTHESIS_PROFILE=mutation $(PY) scripts/mutation_sample.py $(SAMPLE_ARGS)
+
+# docs/help.md: each command's --help as printed (tests/pipeline/test_help.py fails while it is stale).
+docs-help: $(VENV)/.installed
+	$(PY) -m tests.support.helptext > docs/help.md
