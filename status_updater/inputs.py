@@ -88,6 +88,13 @@ def _objects(
         if known is None:
             skipped.append(f"{at}: a {kind!r} is neither a Node nor a Pod: skipped")
             continue
+        # The API names every object; one from a file without a name would be rendered as a
+        # node (or a pod) named '' or after its YAML.
+        meta = item.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not isinstance(name, str) or not name:
+            skipped.append(f"{at}: a {known} without metadata.name: skipped")
+            continue
         yield item if item.get("kind") == known else {**item, "kind": known}
 
 

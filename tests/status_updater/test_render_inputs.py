@@ -162,3 +162,36 @@ def test_a_file_over_the_bound_is_refused(tmp_path: Path, monkeypatch: pytest.Mo
     big = write(tmp_path / "nodes.yaml", "documents", [whole_gpu_node(f"n{i}") for i in range(3)])
     with pytest.raises(inputs.InputError, match=r"nodes.yaml: larger than 100 bytes$"):
         list(inputs.load_objects([str(big)], "Node", []))
+
+
+def test_objects_without_kind_are_what_their_flag_says(tmp_path: Path) -> None:
+    """kubectl-style manifests may leave `kind` out: in --nodes a Node, in --pods a Pod."""
+    expected, _ = render("--nodes", str(write(tmp_path / "n0.yaml", "list", NODES)),
+                         "--pods", str(write(tmp_path / "p0.yaml", "list", PODS)))  # fmt: skip
+    kindless = [{k: v for k, v in o.items() if k != "kind"} for o in NODES + PODS]
+    nodes, pods = tmp_path / "nodes.yaml", tmp_path / "pods.yaml"
+    nodes.write_text(yaml.safe_dump_all(kindless[:2]))
+    pods.write_text(yaml.safe_dump_all(kindless[2:]))
+    assert render("--nodes", str(nodes), "--pods", str(pods)) == (expected, [])
+
+
+def test_an_object_without_a_name_is_said_and_skipped(tmp_path: Path) -> None:
+    """The API names every object: one from a file without a name is no node called ''."""
+    nameless = whole_gpu_node("x")
+    del nameless["metadata"]["name"]
+    listed = whole_gpu_node("y")
+    listed["metadata"]["name"] = ["y"]  # YAML for a name, not a name
+    pod = gpu_pod("p", "k80-a", 1, "2026-01-01T00:00:00Z")
+    del pod["metadata"]["name"]
+    nodes, pods = tmp_path / "nodes.yaml", tmp_path / "pods.yaml"
+    nodes.write_text(yaml.safe_dump_all([nameless, listed, NODES[0]]))
+    pods.write_text(yaml.safe_dump(pod))
+    got, warnings = render("--nodes", str(nodes), "--pods", str(pods), "--layout", "single")
+    assert warnings == [
+        f"warning: {nodes}: document 1: a Node without metadata.name: skipped",
+        f"warning: {nodes}: document 2: a Node without metadata.name: skipped",
+        f"warning: {pods}: a Pod without metadata.name: skipped",
+    ]
+    rendered = yaml.safe_load(yaml.safe_load(got)["data"]["topology.yml"])
+    assert list(rendered["nodes"]) == ["k80-a"]
+    assert all("status" not in gpu for gpu in rendered["nodes"]["k80-a"]["gpus"])
