@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.base import ROOT
+from tests.support.base import ROOT, SAMPLES
+from tests.support.promtext import parse
 from topology.catalog import MODELS, GpuModel, base_product, model_for_product, nvml_model_name
 
 REFERENCE = json.loads((ROOT / "tests" / "reference" / "mig-profiles.json").read_text())
@@ -166,3 +167,21 @@ def test_instances_without_a_placement_go_where_the_driver_puts_them(model: GpuM
         key = {1: "size1", 2: "size2", 4: "size4_3g"}[p.memory_slices]
         want = [s for s in order[key] if s in p.placements]
         assert p.preferred == tuple(want + [s for s in p.placements if s not in want]), p.name
+
+
+@pytest.mark.parametrize("dump", ["a100-40gb-active-2x1g.5gb-1x2g.10gb", "a100-40gb-mig-disabled"])
+def test_fb_totals_are_what_the_sampled_dumps_show(dump: str) -> None:
+    """FB_USED + FB_FREE of each instance (or of the GPU with MIG off) in the real A100-40GB dumps
+    the catalog was read from: DCGM loses a MiB of 2g.10gb's 9856 to rounding."""
+    model = model_for_product("NVIDIA-A100-SXM4-40GB")
+    assert model is not None
+    totals: dict[tuple[str, str], float] = {}
+    for s in parse((SAMPLES / "metrics" / f"{dump}.prom").read_text()):
+        if s.name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"):
+            labels = dict(s.labels)
+            key = (labels.get("GPU_I_PROFILE", ""), labels.get("GPU_I_ID", ""))
+            totals[key] = totals.get(key, 0) + s.value
+    assert totals
+    for (name, _), total in totals.items():
+        profile = model.profile(name) if name else None
+        assert total == (profile.fb_total_mib if profile else model.fb_total_mib), name

@@ -19,6 +19,7 @@ LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 names = st.one_of(
     st.from_regex(r"[a-z0-9]([a-z0-9.-]{0,300}[a-z0-9])?", fullmatch=True),  # node-like, any length
     st.text(min_size=1, max_size=300),  # anything at all (a hand-written topology)
+    st.text(alphabet="._-!Ä ", min_size=1, max_size=20),  # nothing a DNS name may keep
 )
 
 
@@ -40,6 +41,9 @@ def test_names_that_do_not_fit_get_a_stable_hashed_form() -> None:
     # from a node that is really called gpu-node.a.
     digest = hashlib.sha256(b"GPU_Node.A").hexdigest()[:10]
     assert contract.node_configmap_name("GPU_Node.A") == f"topology-gpu-node.a-{digest}"
+    # Nothing kept at all: the hash alone.
+    digest = hashlib.sha256(b"_._").hexdigest()[:10]
+    assert contract.node_configmap_name("_._") == f"topology-{digest}"
     # A label value keeps the case and '_', and drops what it may not start or end with.
     for node, kept in (("X_Node.A!", "X_Node.A"), ("._X!", "X")):
         digest = hashlib.sha256(node.encode()).hexdigest()[:10]

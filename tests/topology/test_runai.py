@@ -121,6 +121,8 @@ def test_node_labels() -> None:
          "pod a/b: metadata.annotations[runai-mig-device].gpuindex: expected an integer, got 'one'"),
         (lambda: parse_node_labels({"nvidia.com/gpu.product": "X", "nvidia.com/gpu.count": "many"}, "node n"),
          "node n: metadata.labels[nvidia.com/gpu.count]: expected an integer, got 'many'"),
+        (lambda: parse_node_labels({"nvidia.com/gpu.count": "1"}, "node n"),
+         "node n: metadata.labels[nvidia.com/gpu.product]: expected a GPU model name, got ''"),
     ],
 )  # fmt: skip
 def test_bad_annotations_name_object_and_field(call, expected: str) -> None:  # type: ignore[no-untyped-def]

@@ -385,6 +385,24 @@ def test_usage_errors_exit_2() -> None:
         assert "Traceback" not in result.stderr
 
 
+def test_an_interrupt_exits_130_and_an_internal_error_is_one_line_and_exit_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted(*_: object, **__: object) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(topology_main, "picture", interrupted)
+    assert topology_main.main(["show", str(SAMPLE)]) == 130  # the shell's 128 + SIGINT
+
+    def broken(*_: object, **__: object) -> str:
+        raise LookupError("no such\nthing")
+
+    monkeypatch.setattr(topology_main, "picture", broken)
+    capsys.readouterr()
+    assert topology_main.main(["show", str(SAMPLE)]) == 1
+    assert capsys.readouterr().err == f"{PROG}: internal error: LookupError: no such thing\n"
+
+
 def test_the_docs_show_what_the_command_prints() -> None:
     """The example of docs/commands.md."""
     doc = (ROOT / "docs" / "commands.md").read_text()

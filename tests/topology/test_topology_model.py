@@ -191,6 +191,44 @@ def test_the_fast_writer_writes_what_the_generic_one_does(topology: Topology) ->
     assert yaml.safe_load(text) == tree.to_dict(topology)
 
 
+def test_no_holder_and_empty_names_read_back_as_written() -> None:
+    """A device with no holder stays without one, and an emulated pod's empty names (a holder's,
+    a replica's) are read as they were written."""
+    empty = AllocatedBy("ns", "p", "")
+    free = DeviceStatus(None, {"uid-1": PodUsage(Utilization(0, 100), 10, False)})
+    shared = DeviceStatus(
+        empty, {}, (Replica(0, empty, ""), Replica(1, AllocatedBy("", "", ""), "u"))
+    )
+    node = NodeTopology(1, 40960, "NVIDIA-A100-SXM4-40GB", False,
+                        (Gpu("GPU-1", free), Gpu("GPU-2", DeviceStatus()), Gpu("GPU-3", shared)),
+                        Sharing("time-slicing", 2))  # fmt: skip
+    topology = Topology("mixed", {"n1": node})
+    back = load_yaml(dump_yaml(topology))
+    assert back == topology
+    assert [g.status.allocated_by for g in back.nodes["n1"].gpus if g.status] == [None, None, empty]
+
+
+def test_a_missing_flag_reads_as_false() -> None:
+    text = """
+    nodes:
+      n1:
+        gpu-count: 1
+        gpu-memory: 40960
+        gpu-product: NVIDIA-A100-SXM4-40GB
+        gpus:
+          - id: GPU-1
+            status:
+              allocated-by: {namespace: ns, pod: p, container: c}
+              pod-gpu-usage-status:
+                uid-1: {utilization: {min: 0, max: 100}, fb-used: 10}
+    """
+    node = load_yaml(text).nodes["n1"]
+    assert not node.is_dynamic_mig_enabled
+    status = node.gpus[0].status
+    assert status is not None
+    assert not status.pod_gpu_usage_status["uid-1"].is_inference_pod
+
+
 @given(topologies)
 def test_sharing_adds_keys_and_changes_nothing_a_reader_of_the_old_schema_reads(
     topology: Topology,
