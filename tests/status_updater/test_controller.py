@@ -272,6 +272,42 @@ def test_a_restarted_writer_keeps_what_the_configmaps_say_pods_hold() -> None:
         thread.join(5)
 
 
+def test_stepping_down_reads_nothing_and_taking_over_reads_what_the_leader_wrote() -> None:
+    writer = Recorder(written={})
+    leading = [True]
+    controller = Controller(None, writer, is_leader=lambda: leading[0])  # type: ignore[arg-type]
+    turns = [0]  # writer-loop turns that got as far as settling the state
+    settle = controller.settle
+
+    def counted() -> set[str]:
+        turns[0] += 1
+        return settle()
+
+    controller.settle = counted  # type: ignore[method-assign]
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.run_writer, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        for what, items in (("nodes", [slim_node(whole_gpu_node("k80"))]), ("pods", []),
+                            ("layouts", None)):  # fmt: skip
+            controller.events.put((what, "RESET", items))
+        controller.dirty.set()
+        eventually(lambda: writer.writes)
+        assert writer.reads == 1
+        leading[0] = False
+        controller.became_leader(False)  # a standby follows the cluster; nothing to take over
+        after = turns[0]
+        eventually(lambda: turns[0] >= after + 2)
+        assert writer.reads == 1
+        leading[0] = True
+        controller.became_leader(True)
+        eventually(lambda: writer.reads == 2)
+    finally:
+        stop.set()
+        controller.dirty.set()
+        thread.join(5)
+
+
 # ------------------------------------------------- honest health: a dead loop ends the process
 
 
@@ -302,6 +338,36 @@ def test_the_updater_exits_when_one_of_its_loops_stops(
     assert code == 1
     assert time.monotonic() - started < 5
     assert f"the {loop_name} thread stopped; exiting to be restarted" in caplog.messages
+
+
+def test_loops_that_stop_together_are_named_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    looked = threading.Event()  # the watchdog looked once, with every loop running
+    health = daemon._health
+
+    def first_look(*args: Any) -> Any:
+        looked.set()
+        return health(*args)
+
+    def broken(self: Controller, stop: threading.Event) -> None:
+        looked.wait(5)
+
+    def watch_or_end(what: str, *args: Any, **kw: Any) -> None:
+        if what == "pods":
+            looked.wait(5)
+        else:
+            list_watch(what, *args, **kw)
+
+    monkeypatch.setattr(daemon, "_health", first_look)
+    monkeypatch.setattr(Controller, "run_writer", broken)
+    monkeypatch.setattr(controller_module, "list_watch", watch_or_end)
+    monkeypatch.setattr(daemon.signal, "signal", lambda *_: None)  # pytest keeps its handlers
+    with KubeAPI.start() as kube:
+        config = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        code = daemon.run(str(config), "per-node", "lease", "me", 30.0, "gpu-operator/x")
+    assert code == 1
+    assert "the pods, writer thread stopped; exiting to be restarted" in caplog.messages
 
 
 def test_a_failing_pod_watch_pauses_the_writes_until_pods_are_listed_again() -> None:
@@ -407,3 +473,31 @@ def test_the_layouts_failures_are_counted_again_from_each_good_list() -> None:
             count = len(reported())
             eventually(lambda n=count: len(reported()) > n, timeout=20)
         assert [kind for kind, _ in reported()] == ["RESET"] * 3
+
+
+def test_the_layouts_configmap_created_and_deleted_after_the_list_is_followed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=controller_module.log.name)
+    ref = "configmap gpu-operator/default-mig-parted-config"
+    builtin, one = f"{ref} not found: NVIDIA's built-in MIG layouts", f"{ref}: 1 MIG layouts"
+    with KubeAPI.start(strict=True) as kube:
+        controller = Controller(kubernetes.client.CoreV1Api(kube.api_client()), Recorder())
+        stop = threading.Event()
+        controller._layouts_informer(stop).start()
+
+        def said() -> list[str]:
+            controller.drain()
+            return [r.getMessage() for r in caplog.records if r.name == controller_module.log.name]
+
+        try:
+            eventually(lambda: said() == [builtin], timeout=10)
+            kube.create("configmaps", copy.deepcopy(ONE_SMALL), namespace="gpu-operator")
+            eventually(lambda: said() == [builtin, one], timeout=10)
+            assert "one-small" in controller.state.layouts
+            kube.delete("configmaps", "default-mig-parted-config", "gpu-operator")
+            eventually(lambda: said() == [builtin, one, builtin], timeout=10)
+            assert "one-small" not in controller.state.layouts
+        finally:
+            stop.set()
+            kube.cut_watches()

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from status_updater import daemon
+from status_updater import cli, daemon
+from status_updater.controller import Controller
 from tests.status_updater.test_reconcile import gpu_pod, whole_gpu_node
 from tests.support.kubeapi import KubeAPI, eventually
 from topology import configmap as contract
@@ -109,3 +111,61 @@ def test_the_per_node_layout_cleans_up_at_start_and_follows_its_configmaps(
 
         assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario) == 0
     assert f"deleted ConfigMap {name} in {NS}" in caplog.messages
+
+
+# --- `run`'s flags and variables ----------------------------------------------------------------
+
+
+def test_the_kubeconfig_flag_is_the_file_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "from-the-environment"))
+    flag = tmp_path / "from-the-flag"
+    flag.write_text("clusters: [\n")
+    assert cli.main(["run", "--kubeconfig", str(flag), "--metrics-port", "0"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: kubeconfig {flag}: ")
+
+
+def test_metrics_address_and_mig_parted_config_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    given: list[tuple[object, ...]] = []
+
+    def run(*args: object) -> int:
+        given.append(args)
+        return 0
+
+    monkeypatch.setattr(daemon, "run", run)
+    monkeypatch.setenv("METRICS_ADDRESS", "127.0.0.1")
+    monkeypatch.setenv("METRICS_PORT", "9500")
+    assert cli.main(["run"]) == 0
+    assert given[0][6] == ("127.0.0.1", 9500)
+    # Not NAMESPACE/NAME, from the flag or the variable: a usage error naming the flag.
+    for argv, env in ((["run", "--mig-parted-config", "layouts"], None), (["run"], "ops/a/b")):
+        if env is not None:
+            monkeypatch.setenv("MIG_PARTED_CONFIG", env)
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert e.value.code == 2
+        bad = argv[-1] if env is None else env
+        assert (
+            capsys.readouterr()
+            .err.splitlines()[-1]
+            .endswith(f"error: argument --mig-parted-config: expected NAMESPACE/NAME, got {bad!r}")
+        )
+    assert len(given) == 1
+
+
+def test_the_leader_gauge_has_its_help_and_type() -> None:
+    """The updater's own /metrics parse as Prometheus text, the leader gauge with its HELP."""
+    controller = Controller(None, None)  # type: ignore[arg-type]
+    own = daemon._health(controller, leader=True, dead=[]).own.decode()
+    families = {f.name: f for f in text_string_to_metric_families(own)}
+    leader = families["mig_status_updater_leader"]
+    assert (leader.type, leader.documentation) == (
+        "gauge",
+        "1 while this replica writes the topology ConfigMaps.",
+    )
+    assert [s.value for s in leader.samples] == [1.0]

@@ -313,3 +313,18 @@ def test_a_node_that_stops_giving_an_id_no_longer_keeps_it_from_its_owner() -> N
         "pod team/b0: metadata.annotations[runai-mig-device].deviceUUID: MIG-a-0 is a device "
         "of node a: the claim is ignored"
     ]
+
+
+def test_a_device_id_whose_node_went_is_the_claiming_pod_s_to_keep() -> None:
+    """A pod on b names a device of a's; a goes: the id is no other node's any more, so b's
+    device carries it and nothing is said."""
+    a = runai_node("a", "2025-01-01T00:00:00Z", mapped=True)
+    b = runai_node("b", "2026-01-01T00:00:00Z", mapped=False)
+    state = ClusterState.of([a, b], [mig_pod("b0", "b", 0, "MIG-a-0")])
+    assert [w.obj for w in state.node_warnings("b")] == ["pod team/b0"]  # a's, for now
+    state.delete_node("a")
+    state.settle()
+    result = state.results["b"]
+    assert isinstance(result, NodeTopology) and state.node_warnings("b") == []
+    (held,) = [d for d in result.gpus[0].mig_devices or () if d.status is not None]
+    assert (held.position, held.id) == (0, "MIG-a-0")

@@ -26,6 +26,7 @@ from status_updater.state import ClusterState, reconcile
 from tests.live.test_live import running
 from tests.pipeline.test_cli import get
 from tests.pipeline.test_golden import masked, real
+from tests.status_updater.test_reconcile import whole_gpu_node
 from tests.status_updater.test_static import (
     MIG_LABEL_NAMES,
     pod,
@@ -552,3 +553,23 @@ def test_a_pod_asking_for_every_replica_of_the_largest_sharing_gets_them_spread_
                                                         node="n2", count=2049)])  # fmt: skip
     assert placement(topology) == [[], []]
     assert [w.message for w in warnings] == ["asks for 2049 GPU replicas, node n2 has 2048 free"]
+
+
+@pytest.mark.parametrize(("strategy", "most"), [("time-slicing", 11441), ("mps", 11441 // 2)])
+def test_a_shared_gpu_the_catalog_does_not_know_has_its_memory_label(
+    strategy: str, most: int
+) -> None:
+    """A K80 (no MIG, not in the catalog) shared by two: the node's gpu.memory label is the
+    GPU's memory; a pod's default use is 90 % of its share, and MPS caps each pod at it."""
+    node = shared(whole_gpu_node("k80", count=1), strategy, 2)
+    quiet = sharing_pod("quiet", "2026-01-01T00:00:00Z", 0, 10, node="k80")
+    del quiet["metadata"]["annotations"]["run.ai/simulated-fb-used"]
+    big = sharing_pod("big", "2026-01-01T00:00:01Z", most + 1, 10, node="k80")
+    topology, warnings = reconcile([node], [quiet, big])
+    assert [str(w) for w in warnings] == [
+        f"pod team/big: metadata.annotations[run.ai/simulated-fb-used]: {most + 1} MiB does "
+        f"not fit the device's {most} MiB"
+    ]
+    (gpu,) = topology.nodes["k80"].gpus
+    assert gpu.status is not None
+    assert gpu.status.pod_gpu_usage_status["uid-quiet"].fb_used == int(11441 // 2 * 0.9)

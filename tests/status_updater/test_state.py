@@ -334,3 +334,18 @@ def test_an_id_a_node_gave_up_is_free_for_another() -> None:
     state.set_node(slim_node(b))
     state.settle()
     assert all(isinstance(state.results[n], NodeTopology) for n in "ab")
+
+
+def test_a_node_without_a_creation_time_is_the_newest_where_ids_clash() -> None:
+    """b copied a's ids, but only b says when it was created: a, never read as older than
+    anything, is the bad node, in either order."""
+    a, b = node("a"), node("b", mapping_from="a")
+    b["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    for order in ([a, b], [b, a]):
+        state = ClusterState.of(order, [])
+        assert isinstance(state.results["b"], NodeTopology)
+        bad = state.results["a"]
+        assert isinstance(bad, Unreadable)
+        assert str(bad.reason).startswith(
+            "node a: gpus[0].mig-devices[0].id: duplicate id MIG-a-0-0 (also node b)"
+        )

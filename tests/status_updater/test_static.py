@@ -307,6 +307,8 @@ def test_single_strategy_gpus_are_the_counted_devices_over_a_gpu_s_share() -> No
         "relabelled": (a100, 14, "all-2g.10gb", [3, 3]),  # 14 over the 7 1g.5gb that fit
         "missing": (a100, 14, "missing", [0, 0]),  # MIG on, no instance, and a warning
         "odd-profile": ("NVIDIA-A100-SXM4-40GB-MIG-5g.99gb", 2, "seven", [7, 7]),  # one each
+        # What follows the first -MIG- names no profile either, though a later part would.
+        "mig-twice": (f"{a100}-MIG-1g.5gb", 2, "seven", [7, 7]),
     }
     nodes = [static_node(n, product, count, layout, "single")
              for n, (product, count, layout, _) in cases.items()]  # fmt: skip

@@ -24,11 +24,12 @@ from kubernetes.client.exceptions import ApiException
 from status_updater import leader as leader_module
 from status_updater.leader import RENEW_DEADLINE_S, LeaderElector
 from status_updater.pernode import PerNodeWriter
+from status_updater.reconcile import document
 from status_updater.single import SingleWriter
 from status_updater.state import ClusterState
 from tests.status_updater.test_reconcile import gpu_pod, whole_gpu_node
 from topology import configmap as contract
-from topology.model import dump_yaml, load_yaml
+from topology.model import NodeTopology, dump_yaml, load_yaml
 
 NS = "gpu-operator"
 
@@ -404,3 +405,45 @@ def test_per_node_repairs_what_another_writer_edits_in_its_configmap(
     assert repaired["data"] == written["data"]
     assert repaired["metadata"]["labels"] == written["metadata"]["labels"]
     assert [verb for verb, _ in core.writes()] == ["create", "patch"]
+
+
+def test_a_release_the_api_refuses_steps_down_and_names_the_lease(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    changes: list[bool] = []
+    api = FakeLeases()
+    me = LeaderElector(api, "lease", NS, "me", changes.append)  # type: ignore[arg-type]
+    assert me.try_acquire_or_renew()
+    me._set(True)
+    api.fail = True  # the API is gone at shutdown: the lease runs out instead
+    me.release()
+    assert changes == [True, False] and not me.is_leader()
+    (message,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert message.startswith(f"lease {NS}/lease not released: ")
+
+
+def test_per_node_repairs_an_edit_seen_before_its_first_write() -> None:
+    core = FakeCore()
+    state = state_with()
+    name = contract.node_configmap_name("k80")
+    result = state.results["k80"]
+    assert isinstance(result, NodeTopology)
+    wanted = contract.node_configmap("k80", dump_yaml(document("k80", result, None)), NS,
+                                     state.node_uid("k80"))  # fmt: skip
+    core.put(name, wanted["data"], wanted["metadata"]["labels"])
+    writer = per_node(core)  # listed: it holds what is wanted
+    _edit_data(core.cms[name])  # then edited, and the watch says so before any write
+    writer._events.put(("MODIFIED", copy.deepcopy(core.cms[name])))
+    assert writer.ready() and writer.has_work()
+    writer.sync(state, set(), full=False)
+    assert core.cms[name]["data"] == wanted["data"]
+    assert [verb for verb, _ in core.writes()] == ["patch"]
+
+
+def test_per_node_creates_again_a_configmap_deleted_before_the_watch_said_so() -> None:
+    core = FakeCore()
+    writer, _, name = written_once(core)
+    del core.cms[name]  # gone, and the watch has not told yet: the writer patches, gets 404
+    writer.sync(state_with(), {"k80"}, full=False)  # the pod ended: a new document
+    assert [verb for verb, _, _ in core.calls] == ["create", "patch", "read", "create"]
+    assert load_yaml(core.cms[name]["data"]["topology.yml"]).nodes["k80"].gpus[0].status is None
