@@ -16,7 +16,9 @@ picks the tests by the calls it saw once. So it cannot kill a mutant of code tha
 the first caller fills the cache). Each survivor is therefore judged again in a fresh process that
 imports the product with the mutant on, by the whole unit suite (stopping at the first failure;
 the test modules named after the mutant's module first, then those naming its function or class):
-`rejudged` in the report.
+`rejudged` in the report. Such a kill counts only if the test that failed passes with no mutant
+on: with tests newer than the product code the mutants were made from (`--rejudge-only` after a
+fix), a test can fail for the fix, not for the mutant.
 
 Prints, per package and for the product (packages weighted by their mutant counts), the score
 with its 95 % Wilson interval, then the survivors. Exit 0 whatever the score: the figures are
@@ -31,10 +33,12 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import tomllib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -130,27 +134,57 @@ def _reaching(stats: Path, files: dict[str, str]) -> dict[str, list[str]]:
     return out
 
 
-def rejudge(root: Path, suite: Suite, name: str, seconds: float) -> str:
-    """`killed` if the unit suite fails with the mutant on from the first import, else `survived`
-    (also when it has not failed within `seconds`: a lower bound, as every kill is real)."""
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly"]
+_SUMMARY = re.compile(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$")
+
+
+def rejudge(root: Path, suite: Suite, name: str, seconds: float) -> tuple[str, str | None]:
+    """`killed` and the test that failed, if the unit suite fails with the mutant on from the first
+    import; else `survived` (also when it has not failed within `seconds`: a lower bound)."""
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:randomly"]
     # A session of its own: on timeout the daemons its tests started go with it, not only pytest.
-    with subprocess.Popen(
-        [*command, *suite.ordered_for(name), *suite.options],
-        cwd=root / "mutants",
-        env={**os.environ, "MUTANT_UNDER_TEST": name},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    ) as run:
+    # Output to a file, not a pipe, which such a daemon could hold open after pytest ends.
+    with (
+        tempfile.TemporaryFile("w+") as out,
+        subprocess.Popen(
+            [*command, *suite.ordered_for(name), *suite.options],
+            cwd=root / "mutants",
+            env={**os.environ, "MUTANT_UNDER_TEST": name},
+            stdout=out,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        ) as run,
+    ):
         try:
-            code = run.wait(timeout=seconds)
+            run.wait(timeout=seconds)
         except subprocess.TimeoutExpired:
-            code = 0  # not killed in time: a survivor
+            return "survived", None  # not killed in time: a survivor
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(run.pid, signal.SIGKILL)
-    return "survived" if code == 0 else "killed"
+        out.seek(0)
+        summary = out.read()
+    if run.returncode == 0:
+        return "survived", None
+    # `FAILED tests/x.py::test_y[a b] - AssertionError: ...`: ids may hold blanks.
+    failed = [m[1] for line in summary.splitlines() if (m := _SUMMARY.match(line))]
+    return "killed", failed[0] if failed else "?"
+
+
+def fails_clean(root: Path, test: str) -> bool:
+    """Whether a test fails with no mutant on: then what it "killed" proves nothing (a test newer
+    than the product code the mutants were made from, or a flaky one). A run that failed before
+    any test could (`?`: the product failed to import with the mutant on) counts: the clean run
+    mutmut starts with has shown that the suite imports without one."""
+    if test == "?":
+        return False
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", test],
+        cwd=root / "mutants",
+        env={**os.environ, "MUTANT_UNDER_TEST": ""},  # matches no mutant: the original code
+        capture_output=True,
+        check=False,
+    )
+    return run.returncode != 0
 
 
 def package(name: str) -> str:
@@ -254,11 +288,21 @@ def main() -> int:
             if found[n] in ("survived", "no tests") and rejudged.get(n) != "killed"
         ]
         suite = Suite.read(root)
+        by: dict[str, str] = {}  # mutant -> the test that failed with it on
         with ThreadPoolExecutor(args.max_children) as pool:
             verdicts = pool.map(lambda n: rejudge(root, suite, n, args.rejudge_seconds), left)
-            for name, verdict in zip(left, verdicts, strict=True):
+            for name, (verdict, test) in zip(left, verdicts, strict=True):
                 rejudged[name] = verdict
                 rejudged_file.write_text(json.dumps(rejudged, indent=1))
+                if test is not None:
+                    by[name] = test
+        # A kill counts only if the test that made it passes without the mutant.
+        bad = {t for t in set(by.values()) if fails_clean(root, t)}
+        for name, test in by.items():
+            if test in bad:
+                rejudged[name] = "survived"
+                print(f"not counted: {name} failed {test}, which fails without any mutant too")
+        rejudged_file.write_text(json.dumps(rejudged, indent=1))
     for name, verdict in rejudged.items():
         if verdict == "killed":
             found[name] = "rejudged"
