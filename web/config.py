@@ -312,9 +312,21 @@ def _reason(e: ssl.SSLError) -> str:
     return str(e.reason or one_line(e))
 
 
+class _EncryptedKey(Exception):
+    """OpenSSL asked for a passphrase: the key is encrypted in a form the text check missed."""
+
+
 def _no_passphrase() -> NoReturn:
     # Without a callback OpenSSL would prompt on the terminal for one and block startup.
-    raise ssl.SSLError("the key is encrypted: give it unencrypted, as exporter-toolkit reads it")
+    raise _EncryptedKey()
+
+
+def _encrypted(config: WebConfig, key_file: str) -> WebConfigError:
+    return WebConfigError(
+        config.path,
+        "tls_server_config.key_file",
+        f"{key_file}: is encrypted: give the key unencrypted",
+    )
 
 
 def server_context(config: WebConfig) -> ssl.SSLContext | None:
@@ -335,9 +347,7 @@ def server_context(config: WebConfig) -> ssl.SSLContext | None:
             config.path, f"{f}key_file", f"{tls.key_file}: no PEM private key in it"
         )
     if re.search(r"-----BEGIN ENCRYPTED PRIVATE KEY-----|Proc-Type: 4,ENCRYPTED", key):
-        raise WebConfigError(
-            config.path, f"{f}key_file", f"{tls.key_file}: is encrypted: give the key unencrypted"
-        )
+        raise _encrypted(config, tls.key_file)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = tls.min_version
     context.maximum_version = tls.max_version
@@ -346,6 +356,8 @@ def server_context(config: WebConfig) -> ssl.SSLContext | None:
     try:
         # The files as checked above; OpenSSL reads them by path.
         context.load_cert_chain(tls.cert_file, tls.key_file, password=_no_passphrase)
+    except _EncryptedKey:
+        raise _encrypted(config, tls.key_file) from None
     except ssl.SSLError as e:
         if e.reason == "KEY_VALUES_MISMATCH":
             raise WebConfigError(
