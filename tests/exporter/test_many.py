@@ -134,6 +134,21 @@ def test_only_nodes_that_move_in_time_render_on_a_new_step(rendered: list[str]) 
         assert rendered == ["busy"]
 
 
+def test_a_counters_files_order_and_help_are_the_bodys() -> None:
+    """-f: the fields in the file's order, with its help, as each node's own exporter serves."""
+    counters, warnings = parse_counters(
+        "DCGM_FI_DEV_FB_USED, gauge, used MiB\nDCGM_FI_DEV_GPU_UTIL, gauge, busy %\n", "test"
+    )
+    assert warnings == []
+    many = exporter(counters)
+    many.update_source("topology-k80", doc("k80", whole_gpu(50, 50)), "ConfigMap k80")
+    text = many.snapshot().body.decode()
+    assert [line for line in text.splitlines() if line.startswith("# HELP")] == [
+        "# HELP DCGM_FI_DEV_FB_USED used MiB",
+        "# HELP DCGM_FI_DEV_GPU_UTIL busy %",
+    ]
+
+
 def test_a_bad_node_keeps_its_last_good_series_and_the_others_go_on() -> None:
     many = exporter()
     many.update_source("topology-a", doc("a", MIG), "ConfigMap gpu-operator/topology-a")

@@ -6,16 +6,20 @@ line of the serving path is seen by mutation testing, and the documented default
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import ssl
 import threading
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pynvml
 import pytest
+import trustme
 
-from exporter import cli
+from exporter import cli, dcgm
 from exporter.collector import DEFAULT_INTERVAL_MS
 from tests.pipeline.test_cli import free_port, get
 from tests.support.base import SAMPLES
@@ -216,3 +220,66 @@ def test_an_unusable_kubeconfig_is_one_line_and_exit_2(
                      "--kubeconfig", str(bad)]) == 2  # fmt: skip
     assert capsys.readouterr().err.startswith(f"error: kubeconfig {bad}: ")
     assert pynvml.nvmlDeviceGetCount() == 1  # NVML was opened, and is still usable here
+
+
+def test_the_start_line_reaches_stderr_and_says_https_under_tls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What an operator reads in `kubectl logs` first: where it serves, and how."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "server.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "server.key"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n")
+    context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+    port = free_port()
+
+    def health() -> int:
+        url = f"https://127.0.0.1:{port}/health"
+        with urllib.request.urlopen(url, timeout=5, context=context) as r:
+            return int(r.status)
+
+    def scrape() -> None:
+        try:
+            eventually(lambda: health() == 200, timeout=20)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    checker = threading.Thread(target=scrape, daemon=True)
+    # The root logger bare, as in a fresh process (pytest's capture handlers set aside), so that
+    # main's logging set-up is the one in force.
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers.clear()
+    try:
+        checker.start()
+        code = cli.main(["--topology-file", str(TOPOLOGY), "--node-name", NODE,
+                         "--web-config-file", str(web), "--address", "127.0.0.1",
+                         "--port", str(port)])  # fmt: skip
+    finally:
+        for handler in root.handlers[:]:
+            root.removeHandler(handler)
+        root.handlers.extend(handlers)
+        root.setLevel(level)
+    checker.join(10)
+    assert code == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "serving" in line]
+    assert [line.split(" ", 2)[2] for line in said] == [
+        f"INFO exporter: serving node {NODE} on https://127.0.0.1:{port}/metrics"
+    ]
+
+
+def test_an_internal_error_is_one_line_and_exit_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/commands.md: a bug ends the exporter with exit 1 and one line, never a traceback."""
+
+    def broken(*_: object) -> bytes:
+        raise RuntimeError("the renderer broke")
+
+    monkeypatch.setattr(dcgm, "render", broken)
+    code = cli.main(["--topology-file", str(TOPOLOGY), "--node-name", NODE, "--once"])
+    assert code == 1
+    assert capsys.readouterr().err == "error: internal error: RuntimeError: the renderer broke\n"

@@ -79,6 +79,14 @@ def test_the_nodes_configmap_is_followed_and_its_problems_said(strict: bool) -> 
         assert b"DCGM_FI_DEV_FB_USED" in exporter.snapshot().body  # the last good, kept
         core.patch_namespaced_config_map(name, NS, {"data": {"topology.yml": text()}})
         eventually(lambda: exporter.snapshot().healthy, timeout=10)
+        # A document without the node: said, naming the ConfigMap, and the node kept.
+        core.patch_namespaced_config_map(name, NS, {"data": {"topology.yml": text("other")}})
+        eventually(lambda: not exporter.snapshot().healthy, timeout=10)
+        assert exporter.snapshot().reason == (
+            f"ConfigMap {NS}/{name}: nodes.{NODE}: is not in the topology (nodes: other); "
+            "serving the last good topology"
+        )
+        assert b"DCGM_FI_DEV_FB_USED" in exporter.snapshot().body
         core.delete_namespaced_config_map(name, NS)
         eventually(lambda: "not found" in exporter.snapshot().reason, timeout=10)
 

@@ -12,7 +12,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import cast
 
 import pytest
@@ -349,6 +349,22 @@ def test_parts_the_current_snapshot_shares_are_not_counted_as_held() -> None:
     assert bodies == [(shared + b"node %d\n" % i, False) for i in range(3)]
 
 
+def test_a_watcher_is_told_of_each_publish_until_it_stops_watching() -> None:
+    """How a server follows the snapshots it bounds; a stopped one is told no more."""
+    published = Published()
+    told: list[Snapshot] = []
+
+    def watcher() -> None:
+        told.append(published.snapshot)
+
+    published.watch(watcher)
+    published.publish(SNAPSHOT)
+    published.unwatch(watcher)
+    published.unwatch(watcher)  # a server stopped twice: nothing left to undo
+    published.publish(BIG)
+    assert told == [SNAPSHOT]
+
+
 def test_a_dropped_response_is_reset_not_trickled_out(caplog: pytest.LogCaptureFixture) -> None:
     """Past the deadline, what the kernel still queues for that client is thrown away: the
     client's read fails instead of draining MiBs of a body it will never get whole."""
@@ -404,6 +420,51 @@ def test_a_head_of_exactly_the_limit_is_served_and_one_byte_more_is_431(
             assert answer.startswith(b"HTTP/1.0 %d " % status), (size, answer[:40])
             if status == 200:
                 assert split(answer)[2] == BODY
+
+
+def test_what_follows_a_refused_head_is_drained_briefly_then_the_connection_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After a 431 the server reads and drops what the client still sends, for a moment and up to
+    64 KiB, so that a client finishing its long request is not reset before it reads the refusal;
+    a client that goes on sending is cut off. One slot: each scrape after shows it came back."""
+    caplog.set_level(logging.DEBUG, logger="exporter")
+    too_long = b"GET /metrics HTTP/1.1\r\nX-Fill: " + b"a" * (MAX_HEAD_BYTES + 100)
+
+    def refused() -> tuple[socket.socket, bytes] | None:
+        """A connection and what it was answered: None while the one slot is still held (the
+        server closes the connection at once, answering nothing)."""
+        sock = connect(server.port)
+        answer = b""
+        with suppress(OSError):
+            sock.sendall(too_long)
+            while chunk := sock.recv(65536):  # the refusal, then the server's end of sending
+                answer += chunk
+        if not answer:
+            sock.close()
+            return None
+        return sock, answer
+
+    def scrape() -> bytes:
+        return exchange(server.port, [b"GET /health HTTP/1.1\r\n\r\n"])
+
+    with serving(Limits(max_connections=1)) as (server, _):
+        for _ in range(5):  # every time: a server that closed at once would reset most of them
+            sock, answer = eventually(refused)
+            with sock:
+                assert answer.startswith(b"HTTP/1.0 431 ")
+                sock.sendall(b"a" * 60_000)  # the rest of its head
+                sock.shutdown(socket.SHUT_WR)
+                assert sock.recv(1024) == b""
+                assert eventually(scrape).startswith(b"HTTP/1.0 200 ")  # the server's end closed
+                # ... and was not reset: what the client sent was taken.
+                assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+        sock, answer = eventually(refused)
+        assert answer.startswith(b"HTTP/1.0 431 ")
+        with sock, pytest.raises((ConnectionResetError, BrokenPipeError)):
+            sock.sendall(b"a" * (32 << 20))  # far more than the drain and the buffers hold
+        assert eventually(scrape).startswith(b"HTTP/1.0 200 ")  # so the refused ones have ended
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 class Segments:
