@@ -17,6 +17,19 @@ SHARED_PRODUCT_SUFFIX = "-SHARED"  # GFD's product label of a shared GPU (time-s
 
 
 @dataclass(frozen=True)
+class Engines:
+    """What a GPU instance of a profile has: NVML's `GpuInstanceProfileInfo` counts, which the
+    DRA driver publishes as a MIG device's capacities (and, with dynamic MIG, counters)."""
+
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    encoders: int = 0  # no MIG-capable GPU in the catalog has NVENC
+
+
+@dataclass(frozen=True)
 class Profile:
     """One GPU-instance profile, e.g. A100-40GB `1g.5gb`."""
 
@@ -33,6 +46,7 @@ class Profile:
     # Where the driver puts an instance created without a placement (mig-manager's way): the
     # first free start in this order.
     preferred: tuple[int, ...] = ()
+    engines: Engines = field(kw_only=True)
 
     @property
     def fb_total_mib(self) -> int:
@@ -91,6 +105,8 @@ class GpuModel:
     # PCI device ids (`0x20B010DE`) a mig-parted `device-filter` names this model by: the ids
     # `config-default.yaml` lists for its group (SXM, PCIe and the export variants).
     pci_ids: tuple[str, ...] = ()
+    architecture: str = ""  # NVML's name for it, as the DRA driver publishes it: Ampere, Hopper
+    compute_capability: str = ""  # CUDA's major.minor: 8.0 on the A100
     _by_name: dict[str, Profile] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -146,6 +162,7 @@ def _p(
     compute: int,
     mem_slices: int,
     memory_mib: int,
+    engines: Engines,
     *,
     slots: int = 8,
     dcgm_fb_total_mib: int | None = None,
@@ -192,6 +209,7 @@ def _p(
         memory_mib,
         dcgm_fb_total_mib,
         preferred,
+        engines=engines,
     )
 
 
@@ -205,26 +223,62 @@ def _eight_slot(
     full: str,
     full_mib: int,
     *,
+    engines: dict[str, Engines],
     two_slice_1g: str | None = None,
     two_slice_1g_mib: int | None = None,
     dcgm: dict[str, int] | None = None,
 ) -> tuple[Profile, ...]:
-    """The profile set every 8-slot GPU (A100, H100, H200, B200) offers, named per model."""
+    """The profile set every 8-slot GPU (A100, H100, H200, B200) offers, named per model, with
+    its family's engines (`_AMPERE`, `_HOPPER`, `_BLACKWELL`)."""
     dcgm = dcgm or {}
     size_gb = small.split(".", 1)[1]
     profiles = [
-        _p(small, 19, 1, 1, small_mib, dcgm_fb_total_mib=dcgm.get(small)),
-        _p(f"1g.{size_gb}+me", 20, 1, 1, small_mib),
+        _p(small, 19, 1, 1, small_mib, engines["1g"], dcgm_fb_total_mib=dcgm.get(small)),
+        _p(f"1g.{size_gb}+me", 20, 1, 1, small_mib, engines["1g+me"]),
     ]
     if two_slice_1g is not None and two_slice_1g_mib is not None:
-        profiles.append(_p(two_slice_1g, 15, 1, 2, two_slice_1g_mib))
+        profiles.append(_p(two_slice_1g, 15, 1, 2, two_slice_1g_mib, engines["1g, 2 slices"]))
     profiles += [
-        _p(two, 14, 2, 2, two_mib, dcgm_fb_total_mib=dcgm.get(two)),
-        _p(f"3g.{half}", 9, 3, 4, half_mib),
-        _p(f"4g.{half}", 5, 4, 4, half_mib),
-        _p(full, 0, 7, 8, full_mib, dcgm_fb_total_mib=dcgm.get(full)),
+        _p(two, 14, 2, 2, two_mib, engines["2g"], dcgm_fb_total_mib=dcgm.get(two)),
+        _p(f"3g.{half}", 9, 3, 4, half_mib, engines["3g"]),
+        _p(f"4g.{half}", 5, 4, 4, half_mib, engines["4g"]),
+        _p(full, 0, 7, 8, full_mib, engines["7g"], dcgm_fb_total_mib=dcgm.get(full)),
     ]
     return tuple(profiles)
+
+
+# Engines per profile shape and GPU family: multiprocessors, then copy engines, decoders, JPEG
+# and OFA engines (mig-profiles.md section 2: the MIG user guide's tables and `-lgip` dumps).
+_AMPERE = {
+    "1g": Engines(14, 1, 0, 0, 0),
+    "1g+me": Engines(14, 1, 1, 1, 1),
+    "1g, 2 slices": Engines(14, 1, 1, 0, 0),
+    "2g": Engines(28, 2, 1, 0, 0),
+    "3g": Engines(42, 3, 2, 0, 0),
+    "4g": Engines(56, 4, 2, 0, 0),
+    "7g": Engines(98, 7, 5, 1, 1),
+}
+_HOPPER = {
+    "1g": Engines(16, 1, 1, 1, 0),
+    "1g+me": Engines(16, 1, 1, 1, 1),
+    "1g, 2 slices": Engines(26, 1, 1, 1, 0),
+    "2g": Engines(32, 2, 2, 2, 0),
+    "3g": Engines(60, 3, 3, 3, 0),
+    "4g": Engines(64, 4, 4, 4, 0),
+    "7g": Engines(132, 8, 7, 7, 1),
+}
+# B200: 1g and 2g from `-lgip` dumps; 3g, 4g and 7g were not captured: copy engines from the MIG
+# user guide, multiprocessors scaled from Hopper by 18/16 (7g: all 148 of the B200), one decoder
+# and one JPEG engine per compute slice (inferred).
+_BLACKWELL = {
+    "1g": Engines(18, 2, 1, 1, 0),
+    "1g+me": Engines(18, 2, 1, 1, 1),
+    "1g, 2 slices": Engines(30, 2, 1, 1, 0),
+    "2g": Engines(36, 4, 2, 2, 0),
+    "3g": Engines(68, 6, 3, 3, 0),
+    "4g": Engines(72, 8, 4, 4, 0),
+    "7g": Engines(148, 16, 7, 7, 1),
+}
 
 
 MODELS: tuple[GpuModel, ...] = (
@@ -245,12 +299,15 @@ MODELS: tuple[GpuModel, ...] = (
             19968,
             "7g.40gb",
             40192,
+            engines=_AMPERE,
             two_slice_1g="1g.10gb",
             two_slice_1g_mib=9856,
             dcgm={"2g.10gb": 9855},
         ),
         dcgm_fb_total_mib=40384,  # the MIG-disabled dump: FB_FREE 40384, FB_USED 0
         swapped_halves=True,  # sample: 2g.10gb@0 -> GI 5, 1g.5gb@4 -> 7, @6 -> 9
+        architecture="Ampere",
+        compute_capability="8.0",
         pci_ids=("0x20B010DE", "0x20B110DE", "0x20F110DE", "0x20F610DE"),
         figures=Figures(
             46.0,
@@ -281,9 +338,12 @@ MODELS: tuple[GpuModel, ...] = (
             40192,
             "7g.80gb",
             80896,
+            engines=_AMPERE,
             two_slice_1g="1g.20gb",
             two_slice_1g_mib=19968,
         ),
+        architecture="Ampere",
+        compute_capability="8.0",
         pci_ids=("0x20B210DE", "0x20B510DE", "0x20F310DE", "0x20F510DE"),
         figures=Figures(
             50.0,
@@ -305,11 +365,13 @@ MODELS: tuple[GpuModel, ...] = (
         total_memory_mib=24576,  # nominal 24 GiB; no dump of the total was found
         driver_era="nvidia-smi -lgip GiB x 1024",
         profiles=(
-            _p("1g.6gb", 14, 1, 1, 5952, slots=4),
-            _p("1g.6gb+me", 21, 1, 1, 5952, slots=4),
-            _p("2g.12gb", 5, 2, 2, 11968, slots=4),
-            _p("4g.24gb", 0, 4, 4, 24064, slots=4),
+            _p("1g.6gb", 14, 1, 1, 5952, Engines(14, 1, 0, 0, 0), slots=4),
+            _p("1g.6gb+me", 21, 1, 1, 5952, Engines(14, 1, 1, 1, 1), slots=4),
+            _p("2g.12gb", 5, 2, 2, 11968, Engines(28, 2, 2, 0, 0), slots=4),
+            _p("4g.24gb", 0, 4, 4, 24064, Engines(56, 4, 4, 1, 1), slots=4),
         ),
+        architecture="Ampere",
+        compute_capability="8.0",
         pci_ids=("0x20B710DE",),
         figures=Figures(
             30.0,
@@ -339,9 +401,12 @@ MODELS: tuple[GpuModel, ...] = (
             40448,
             "7g.80gb",
             81152,
+            engines=_HOPPER,
             two_slice_1g="1g.20gb",
             two_slice_1g_mib=20096,
         ),
+        architecture="Hopper",
+        compute_capability="9.0",
         pci_ids=("0x233010DE", "0x233110DE", "0x232210DE", "0x232410DE"),
         figures=Figures(
             70.0,
@@ -371,9 +436,12 @@ MODELS: tuple[GpuModel, ...] = (
             47232,
             "7g.94gb",
             94848,
+            engines=_HOPPER,
             two_slice_1g="1g.24gb",
             two_slice_1g_mib=22016,
         ),
+        architecture="Hopper",
+        compute_capability="9.0",
         pci_ids=("0x232110DE", "0x233A10DE"),
         figures=Figures(
             60.0,
@@ -403,9 +471,12 @@ MODELS: tuple[GpuModel, ...] = (
             47616,
             "7g.96gb",
             95232,
+            engines=_HOPPER,
             two_slice_1g="1g.24gb",
             two_slice_1g_mib=23552,
         ),
+        architecture="Hopper",
+        compute_capability="9.0",
         pci_ids=("0x234210DE", "0x233D10DE", "0x20B610DE", "0x232910DE"),
         figures=Figures(
             70.0,
@@ -435,9 +506,12 @@ MODELS: tuple[GpuModel, ...] = (
             71168,
             "7g.141gb",
             143104,
+            engines=_HOPPER,
             two_slice_1g="1g.35gb",
             two_slice_1g_mib=33024,
         ),
+        architecture="Hopper",
+        compute_capability="9.0",
         pci_ids=("0x233510DE", "0x233B10DE"),
         figures=Figures(
             75.0,
@@ -468,9 +542,12 @@ MODELS: tuple[GpuModel, ...] = (
             90624,
             "7g.180gb",
             181248,
+            engines=_BLACKWELL,
             two_slice_1g="1g.45gb",
             two_slice_1g_mib=45312,
         ),
+        architecture="Blackwell",
+        compute_capability="10.0",
         pci_ids=("0x290110DE",),
         figures=Figures(
             120.0,

@@ -156,6 +156,26 @@ def test_every_profile_is_the_references(model: GpuModel) -> None:
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.key)
+def test_every_profiles_engines_are_the_references(model: GpuModel) -> None:
+    """Multiprocessors and copy engines, decoders, JPEG and OFA engines, where the reference has
+    them (B200's 3g, 4g and 7g were not captured): what a DRA MIG device's capacities say."""
+    known = {p["name"]: p for p in reference(model)["profiles"]}
+    compared = 0
+    for p in model.profiles:
+        fact = known[p.name]
+        e = p.engines
+        if fact.get("sm_count") is not None:
+            assert e.multiprocessors == fact["sm_count"], p.name
+            compared += 1
+        if fact.get("ce_nvdec_jpeg_ofa") is not None:
+            counts = tuple(int(n) for n in fact["ce_nvdec_jpeg_ofa"].split("/"))
+            assert (e.copy_engines, e.decoders, e.jpeg_engines, e.ofa_engines) == counts, p.name
+            compared += 1
+        assert e.encoders == 0, p.name  # no MIG GPU of the catalog has NVENC
+    assert compared >= 8, "the reference gives engines for at least the 1g and 2g profiles"
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.key)
 def test_instances_without_a_placement_go_where_the_driver_puts_them(model: GpuModel) -> None:
     """`nvidia-smi mig -cgi` without a placement takes the first free start of the driver's order
     (reference 3.2, 8-slot GPUs); the A30's was not observed: lowest start first."""
