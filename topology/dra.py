@@ -1,0 +1,73 @@
+"""What the NVIDIA DRA driver calls things, shared by the updater (which publishes the
+ResourceSlices the driver would) and the exporter (which labels a claim holder's series).
+
+Names follow kubernetes-sigs/dra-driver-nvidia-gpu (`cmd/gpu-kubelet-plugin`): a GPU is
+`gpu-<minor>`, a MIG device `gpu-<minor>-mig-<profile>-<GI profile id>-<placement start>`, a
+GPU's counters (dynamic MIG) `gpu-<minor>-counter-set`. A simulated GPU's minor number is its
+index on the node.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+
+from topology.catalog import Profile
+
+DRIVER = "gpu.nvidia.com"
+GPU_CLASS = "gpu.nvidia.com"  # the DeviceClasses the driver's chart installs
+MIG_CLASS = "mig.nvidia.com"
+
+_NOT_RFC1123 = re.compile(r"[^a-z0-9-.]")
+
+
+def _rfc1123(text: str) -> str:
+    """The driver's `toRFC1123Compliant`: lower case, other characters to `-`, no `-` at the ends,
+    no trailing `.`."""
+    return _NOT_RFC1123.sub("-", text.lower()).strip("-").removesuffix(".")
+
+
+def gpu_device(minor: int) -> str:
+    return f"gpu-{minor}"
+
+
+def mig_device(minor: int, profile: Profile, start: int) -> str:
+    """`gpu-0-mig-1g5gb-19-4`; `1g.5gb+me` is `1g5gb-me`."""
+    name = _rfc1123(profile.name.replace(".", ""))
+    return f"gpu-{minor}-mig-{name}-{profile.profile_id}-{start}"
+
+
+def counter_set(minor: int) -> str:
+    return f"{gpu_device(minor)}-counter-set"
+
+
+# The PCI buses of a DGX A100's eight GPUs; a node with more GPUs goes on in the next PCI domain.
+_BUSES = (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)
+
+
+def _bus(index: int) -> tuple[int, int]:
+    domain, at = divmod(index, len(_BUSES))
+    return domain, _BUSES[at]
+
+
+def pci_bus_id(index: int) -> str:
+    """The GPU's bus address as DCGM labels it (`pci_bus_id`): NVML's form, `00000000:07:00.0`."""
+    domain, bus = _bus(index)
+    return f"{domain:08X}:{bus:02X}:00.0"
+
+
+def resource_pci_bus_id(index: int) -> str:
+    """The same address as a ResourceSlice's `resource.kubernetes.io/pciBusID`: `0000:07:00.0`."""
+    domain, bus = _bus(index)
+    return f"{domain:04x}:{bus:02x}:00.0"
+
+
+def version(text: str) -> str:
+    """A `version` attribute as the driver writes it (semver, coerced): `520.56.06` is `520.56.6`,
+    `8.0` is `8.0.0`. ValueError for what is not one to three dot-separated numbers."""
+    parts = text.split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() and p.isascii() for p in parts):
+        raise ValueError(f"expected a version such as 520.56.06, got {text!r}")
+    numbers = [int(p) for p in parts] + [0] * (3 - len(parts))
+    return ".".join(str(n) for n in numbers)
