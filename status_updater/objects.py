@@ -16,7 +16,7 @@ from typing import Any
 
 from kube.times import timestamp
 from status_updater import usage
-from topology import migparted, runai
+from topology import dra, migparted, runai
 from topology.catalog import MIG_SUFFIX
 from topology.errors import TopologyError
 from topology.model import MIG_STRATEGIES
@@ -100,7 +100,8 @@ def is_single_strategy(node: Obj) -> bool:
 
 
 NODE_LABELS = (runai.LABEL_PRODUCT, runai.LABEL_COUNT, runai.LABEL_MEMORY, runai.LABEL_STRATEGY,
-               runai.LABEL_DYNAMIC_MIG, runai.LABEL_MIG_ENABLED, migparted.LABEL_CONFIG)  # fmt: skip
+               runai.LABEL_DYNAMIC_MIG, runai.LABEL_MIG_ENABLED, migparted.LABEL_CONFIG,
+               *dra.NODE_LABELS)  # fmt: skip
 NODE_ANNOTATIONS = (runai.ANNOTATION_MIG_CONFIG, runai.ANNOTATION_MIG_MAPPING)
 POD_ANNOTATIONS = (
     runai.ANNOTATION_POD_MIG_DEVICE,

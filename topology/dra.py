@@ -19,6 +19,16 @@ DRIVER = "gpu.nvidia.com"
 GPU_CLASS = "gpu.nvidia.com"  # the DeviceClasses the driver's chart installs
 MIG_CLASS = "mig.nvidia.com"
 
+# GFD's labels for what NVML says of the driver and the GPU, which a DRA device's attributes carry;
+# where a node has none, the figures of the driver the real dumps come from.
+LABEL_DRIVER = ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor",
+                "nvidia.com/cuda.driver.rev")  # fmt: skip
+LABEL_CUDA = ("nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor")
+LABEL_COMPUTE = ("nvidia.com/gpu.compute.major", "nvidia.com/gpu.compute.minor")
+NODE_LABELS = (*LABEL_DRIVER, *LABEL_CUDA, *LABEL_COMPUTE)
+DEFAULT_DRIVER = "520.56.06"
+DEFAULT_CUDA = "11.8"
+
 _NOT_RFC1123 = re.compile(r"[^a-z0-9-.]")
 
 

@@ -1,0 +1,276 @@
+"""The ResourceSlices the NVIDIA DRA driver's kubelet plugin would publish on a node.
+
+For a node's GPUs as `devices.build_node` sees them (kubernetes-sigs/dra-driver-nvidia-gpu,
+`cmd/gpu-kubelet-plugin`; the facts and their sources are in `shared/reference/dra.md`):
+
+- a GPU with MIG off is `gpu-<minor>`, its capacity the memory;
+- static MIG (the default): each MIG instance of the layout is a `mig` device with the parent's
+  attributes, its `profile`, `uuid` and `parentUUID`, and its profile's capacities (memory,
+  multiprocessors, engines, and `memorySlice<i>` for each memory slice it holds). One slice holds
+  every device of the node.
+- dynamic MIG (the driver's `DynamicMIG` gate): each MIG-enabled GPU offers every profile at every
+  placement, without uuid, each consuming its capacities and memory slices from the GPU's
+  counter set; a Hopper or newer GPU also offers itself whole, consuming everything (an A100 with
+  MIG on does not). The counter sets sit in a slice of their own, then one slice per GPU, as the
+  driver lays them out from Kubernetes 1.35.
+
+Slices are named as the driver's `generateName` starts (`00000-gpu.nvidia.com-<node>-`), without
+its random tail, so the updater finds its own, and labelled managed-by the updater: it never
+touches a slice it did not write (the real driver's, on a node where it runs).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from status_updater.objects import Obj, metadata, node_name, node_uid, strings
+from topology import dra
+from topology.catalog import Engines, GpuModel, Profile, model_for_product, nvml_model_name
+from topology.configmap import LABEL_MANAGED_BY, MANAGER
+from topology.errors import TopologyError
+from topology.model import Gpu, NodeTopology
+
+API_VERSION = "resource.k8s.io/v1"
+MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGER}"
+MAX_DEVICES = 64  # per slice whose devices consume counters (128 otherwise)
+MAX_COUNTER_SETS = 8  # per slice
+
+
+_UNITS = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
+_NAME_MAX = 253
+_MIB = 2**20
+
+
+def quantity(value: int) -> str:
+    """A count in Kubernetes' canonical binary-SI form, as the driver's `resource.NewQuantity(v,
+    BinarySI)` prints: `14`, `4864Mi`, `40Gi`."""
+    for suffix, unit in _UNITS:
+        if value and value % unit == 0:
+            return f"{value // unit}{suffix}"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class _Parent:
+    """What a GPU's devices share: the attributes every one of them carries."""
+
+    index: int
+    uuid: str
+    attributes: dict[str, dict[str, Any]]
+
+
+def _label_version(labels: Mapping[str, str], keys: tuple[str, ...], default: str, obj: str) -> str:
+    parts = [labels.get(k) for k in keys]
+    if all(p is None for p in parts):
+        return dra.version(default)
+    text = ".".join(p or "0" for p in parts)
+    try:
+        return dra.version(text)
+    except ValueError as e:
+        raise TopologyError(obj, f"metadata.labels[{keys[0]}]", str(e)) from None
+
+
+def _common(node: Obj, topology: NodeTopology, model: GpuModel | None) -> dict[str, Any]:
+    obj = f"node {node_name(node)}"
+    labels = strings(metadata(node).get("labels"))
+    compute = model.compute_capability if model and model.compute_capability else "8.0"
+    return {
+        "architecture": {"string": model.architecture if model else "Ampere"},
+        "brand": {"string": "Nvidia"},
+        "cudaComputeCapability": {
+            "version": _label_version(labels, dra.LABEL_COMPUTE, compute, obj)
+        },
+        "cudaDriverVersion": {
+            "version": _label_version(labels, dra.LABEL_CUDA, dra.DEFAULT_CUDA, obj)
+        },
+        "driverVersion": {
+            "version": _label_version(labels, dra.LABEL_DRIVER, dra.DEFAULT_DRIVER, obj)
+        },
+        "productName": {"string": nvml_model_name(topology.gpu_product)},
+    }
+
+
+def _parent(index: int, gpu: Gpu, common: dict[str, Any]) -> _Parent:
+    bus = {"resource.kubernetes.io/pciBusID": {"string": dra.resource_pci_bus_id(index)}}
+    return _Parent(index, gpu.id, {**common, **bus})
+
+
+def _capacities(profile: Profile) -> dict[str, int]:
+    e: Engines = profile.engines
+    return {
+        "copyEngines": e.copy_engines,
+        "decoders": e.decoders,
+        "encoders": e.encoders,
+        "jpegEngines": e.jpeg_engines,
+        "memory": profile.memory_mib * _MIB,
+        "multiprocessors": e.multiprocessors,
+        "ofaEngines": e.ofa_engines,
+    }
+
+
+def _sorted(attributes: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Copies: one attribute object shared by many devices would be a YAML alias in print."""
+    return {k: dict(v) for k, v in sorted(attributes.items())}
+
+
+def _values(counts: Mapping[str, int]) -> dict[str, dict[str, str]]:
+    return {name: {"value": quantity(n)} for name, n in sorted(counts.items())}
+
+
+def _dns(name: str) -> str:
+    """`copyEngines` -> `copy-engines`: a capacity's name as a counter's."""
+    return "".join(f"-{c.lower()}" if c.isupper() else c for c in name)
+
+
+def _counters(capacities: Mapping[str, int], start: int, size: int) -> dict[str, int]:
+    found = {_dns(k): v for k, v in capacities.items()}
+    found.update({f"memory-slice-{i}": 1 for i in range(start, start + size)})
+    return found
+
+
+def _whole(parent: _Parent, memory_mib: int) -> dict[str, Any]:
+    attributes = {**parent.attributes, "type": {"string": "gpu"}, "uuid": {"string": parent.uuid}}
+    return {
+        "name": dra.gpu_device(parent.index),
+        "attributes": _sorted(attributes),
+        "capacity": _values({"memory": memory_mib * _MIB}),
+    }
+
+
+def _mig(parent: _Parent, profile: Profile, start: int, uuid: str | None) -> dict[str, Any]:
+    attributes = {
+        **parent.attributes,
+        "parentUUID": {"string": parent.uuid},
+        "profile": {"string": profile.name},
+        "type": {"string": "mig"},
+    }
+    device: dict[str, Any] = {"name": dra.mig_device(parent.index, profile, start)}
+    capacities = _capacities(profile)
+    if uuid is not None:  # static MIG: the instance exists, and says which memory slices it has
+        attributes["uuid"] = {"string": uuid}
+        slices = {f"memorySlice{i}": 1 for i in range(start, start + profile.memory_slices)}
+        device["capacity"] = _values(capacities | slices)
+    else:  # dynamic MIG: the instance is made when a claim is prepared
+        device["capacity"] = _values(capacities)
+        device["consumesCounters"] = [
+            {
+                "counterSet": dra.counter_set(parent.index),
+                "counters": _values(_counters(capacities, start, profile.memory_slices)),
+            }
+        ]
+    device["attributes"] = _sorted(attributes)
+    return device
+
+
+def _maxima(model: GpuModel) -> dict[str, int]:
+    """The driver's counter set and dynamic whole-GPU capacity: each capacity's largest value over
+    the profiles (memory: the largest profile's, not the GPU's total)."""
+    found: dict[str, int] = {}
+    for profile in model.profiles:
+        for name, value in _capacities(profile).items():
+            found[name] = max(found.get(name, 0), value)
+    return found
+
+
+def _static_devices(
+    parent: _Parent, gpu: Gpu, model: GpuModel | None, memory_mib: int, obj: str
+) -> Iterator[dict[str, Any]]:
+    if gpu.mig_devices is None:
+        yield _whole(parent, memory_mib)
+        return
+    for m in gpu.mig_devices:
+        profile = model.profile(m.name) if model else None
+        if profile is None or m.id is None:
+            raise TopologyError(
+                obj, f"gpus[{parent.index}]", f"MIG device {m.name} has no DRA capacities"
+            )
+        yield _mig(parent, profile, m.position, m.id)
+
+
+def _dynamic_devices(parent: _Parent, model: GpuModel) -> Iterator[dict[str, Any]]:
+    if model.architecture != "Ampere":  # Hopper and newer can be handed out whole with MIG on
+        maxima = _maxima(model)
+        whole = _whole(parent, 0)
+        whole["capacity"] = _values(maxima)
+        whole["consumesCounters"] = [
+            {
+                "counterSet": dra.counter_set(parent.index),
+                "counters": _values(_counters(maxima, 0, model.memory_slots)),
+            }
+        ]
+        yield whole
+    for profile in model.profiles:
+        for start in profile.placements:
+            yield _mig(parent, profile, start, None)
+
+
+def slice_name(node: str, index: int) -> str:
+    """`00000-gpu.nvidia.com-<node>`, or with as much of the node as fits and a hash."""
+    prefix = f"{index:05x}-{dra.DRIVER}-"
+    name = prefix + node
+    if len(name) <= _NAME_MAX:
+        return name
+    digest = hashlib.sha256(node.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{prefix}{node[: _NAME_MAX - len(prefix) - 11].rstrip('-.')}-{digest}"
+
+
+def node_slices(
+    node: Obj, topology: NodeTopology, *, dynamic: bool = False, generation: int = 1
+) -> list[dict[str, Any]]:
+    """The node's ResourceSlices. Raises TopologyError (naming the node) when a MIG device's
+    profile has no capacities in the catalog."""
+    name = node_name(node)
+    obj = f"node {name}"
+    model = model_for_product(topology.gpu_product)
+    common = _common(node, topology, model)
+    parents = [_parent(i, gpu, common) for i, gpu in enumerate(topology.gpus)]
+    counter_sets: list[dict[str, Any]] = []
+    groups: list[list[dict[str, Any]]] = []
+    if dynamic and model is not None:
+        for parent, gpu in zip(parents, topology.gpus, strict=True):
+            if gpu.mig_devices is None:
+                groups.append([_whole(parent, topology.gpu_memory)])
+                continue
+            maxima = _maxima(model)
+            counters = _counters(maxima, 0, model.memory_slots)
+            counter_sets.append(
+                {"name": dra.counter_set(parent.index), "counters": _values(counters)}
+            )
+            groups.append(sorted(_dynamic_devices(parent, model), key=lambda d: str(d["name"])))
+    else:
+        devices = [
+            d
+            for parent, gpu in zip(parents, topology.gpus, strict=True)
+            for d in _static_devices(parent, gpu, model, topology.gpu_memory, obj)
+        ]
+        groups = [devices[i : i + MAX_DEVICES] for i in range(0, len(devices), MAX_DEVICES)] or [[]]
+    specs: list[dict[str, Any]] = [
+        {"sharedCounters": counter_sets[i : i + MAX_COUNTER_SETS]}
+        for i in range(0, len(counter_sets), MAX_COUNTER_SETS)
+    ]
+    specs += [{"devices": group} for group in groups]
+    uid = node_uid(node) or ""
+    owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid, "controller": True}
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": slice_name(name, i),
+                "labels": {LABEL_MANAGED_BY: MANAGER},
+                "ownerReferences": [owner],
+            },
+            "spec": {
+                "driver": dra.DRIVER,
+                "nodeName": name,
+                "pool": {"name": name, "generation": generation, "resourceSliceCount": len(specs)},
+                **spec,
+            },
+        }
+        for i, spec in enumerate(specs)
+    ]

@@ -1,0 +1,214 @@
+"""The ResourceSlices the NVIDIA DRA driver would publish, against its code's facts (dra.md) and the
+Kubernetes schema."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from status_updater.devices import build_node
+from status_updater.objects import slim_node
+from status_updater.resourceslices import node_slices, quantity, slice_name
+from tests.support.base import SAMPLES
+from topology import dra
+from topology.catalog import MODELS, GpuModel
+
+# resource.k8s.io/v1 is GA from 1.34; counters in their own slice from 1.35.
+KUBE_VERSIONS = ("1.35", "1.37")
+
+
+def gpu_node(
+    name: str, product: str, count: int = 1, layout: str | None = None, **labels: str
+) -> dict[str, Any]:
+    found = {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(count), **labels}
+    if layout is not None:
+        found |= {"nvidia.com/mig.config": layout, "nvidia.com/mig.strategy": "mixed"}
+    meta = {"name": name, "uid": f"uid-{name}", "labels": found}
+    return slim_node({"kind": "Node", "metadata": meta})
+
+
+def slices(node: dict[str, Any], dynamic: bool = False) -> list[dict[str, Any]]:
+    return node_slices(node, build_node(node), dynamic=dynamic)
+
+
+def devices(found: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in found for d in s["spec"].get("devices", [])}
+
+
+def values(entries: dict[str, dict[str, str]]) -> dict[str, str]:
+    return {k: v["value"] for k, v in entries.items()}
+
+
+def product(model: GpuModel) -> str:
+    return model.product_labels[0]
+
+
+def sample_nodes() -> list[dict[str, Any]]:
+    found = []
+    for path in sorted((SAMPLES / "static" / "nodes").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            for obj in doc.get("items", [doc]):
+                found.append(slim_node(obj))
+    return found
+
+
+def cases() -> list[Any]:
+    found = [(n["metadata"]["name"], n) for n in sample_nodes()]
+    for m in MODELS:
+        found.append((f"{m.key}-all-enabled", gpu_node("n", product(m), 8, "all-enabled")))
+        found.append((f"{m.key}-whole", gpu_node("w", product(m), 2)))
+    return [
+        pytest.param(node, dynamic, id=f"{what}-{'dynamic' if dynamic else 'static'}")
+        for what, node in found
+        for dynamic in (False, True)
+    ]
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+@pytest.mark.parametrize(("node", "dynamic"), cases())
+def test_every_slice_is_valid_for_the_api(
+    node: dict[str, Any], dynamic: bool, version: str
+) -> None:
+    found = slices(node, dynamic)
+    for s in found:
+        try:
+            kubernetes_validate.validate(s, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{'.'.join(map(str, e.path))}: {e.message}", pytrace=False)
+        assert len(s["spec"].get("devices", [])) <= 64
+        assert len(s["spec"].get("sharedCounters", [])) <= 8
+    names = [d for s in found for d in (x["name"] for x in s["spec"].get("devices", []))]
+    assert len(names) == len(set(names)), "a device name twice in one pool"
+    pool = {(s["spec"]["pool"]["name"], s["spec"]["pool"]["resourceSliceCount"]) for s in found}
+    assert pool == {(node["metadata"]["name"], len(found))}
+
+
+def test_a_static_mig_instance_is_the_drivers_device() -> None:
+    """dra.md's example: an A100-40GB 1g.5gb at placement 4, with the node's driver labels."""
+    labels = {
+        "nvidia.com/cuda.driver.major": "570",
+        "nvidia.com/cuda.driver.minor": "172",
+        "nvidia.com/cuda.driver.rev": "08",
+        "nvidia.com/cuda.runtime.major": "12",
+        "nvidia.com/cuda.runtime.minor": "8",
+    }
+    node = gpu_node("node-a", "NVIDIA-A100-SXM4-40GB", 1, "all-1g.5gb", **labels)
+    found = slices(node)
+    assert len(found) == 1
+    meta = found[0]["metadata"]
+    assert meta["name"] == "00000-gpu.nvidia.com-node-a"
+    assert meta["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "uid-node-a",
+         "controller": True}
+    ]  # fmt: skip
+    spec = found[0]["spec"]
+    assert (spec["driver"], spec["nodeName"]) == ("gpu.nvidia.com", "node-a")
+    assert spec["pool"] == {"name": "node-a", "generation": 1, "resourceSliceCount": 1}
+    device = devices(found)["gpu-0-mig-1g5gb-19-4"]
+    gpu = build_node(node).gpus[0]
+    instance = next(m for m in gpu.mig_devices or () if m.position == 4)
+    assert device["attributes"] == {
+        "architecture": {"string": "Ampere"},
+        "brand": {"string": "Nvidia"},
+        "cudaComputeCapability": {"version": "8.0.0"},
+        "cudaDriverVersion": {"version": "12.8.0"},
+        "driverVersion": {"version": "570.172.8"},
+        "parentUUID": {"string": gpu.id},
+        "productName": {"string": "NVIDIA A100-SXM4-40GB"},
+        "profile": {"string": "1g.5gb"},
+        "resource.kubernetes.io/pciBusID": {"string": "0000:07:00.0"},
+        "type": {"string": "mig"},
+        "uuid": {"string": instance.id},
+    }
+    assert values(device["capacity"]) == {
+        "copyEngines": "1", "decoders": "0", "encoders": "0", "jpegEngines": "0",
+        "memory": "4864Mi", "memorySlice4": "1", "multiprocessors": "14", "ofaEngines": "0",
+    }  # fmt: skip
+    assert "consumesCounters" not in device
+    assert len(devices(found)) == 7  # all-1g.5gb: seven instances, no whole GPU
+
+
+def test_a_gpu_with_mig_off_is_one_device_with_its_memory() -> None:
+    found = devices(slices(gpu_node("w", "NVIDIA-A100-SXM4-40GB", 2)))
+    assert set(found) == {"gpu-0", "gpu-1"}
+    gpu = found["gpu-1"]
+    assert gpu["attributes"]["type"] == {"string": "gpu"}
+    assert gpu["attributes"]["uuid"]["string"].startswith("GPU-")
+    assert gpu["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": "0000:0f:00.0"}
+    assert values(gpu["capacity"]) == {"memory": "40Gi"}
+
+
+def test_dynamic_mig_on_an_a100_is_every_partition_and_its_counters() -> None:
+    """25 partitions per GPU (7 + 7 +me, 4 two-slice 1g, 3 2g, 2 3g, 1 4g, 1 7g), no whole GPU (an
+    Ampere GPU with MIG on is not offered whole); the counter set is the largest of each capacity
+    over the profiles (memory: the 7g's 40192 MiB, not the GPU's 40960)."""
+    found = slices(gpu_node("d", "NVIDIA-A100-SXM4-40GB", 2, "all-enabled"), dynamic=True)
+    counters = found[0]["spec"]["sharedCounters"]
+    assert [c["name"] for c in counters] == ["gpu-0-counter-set", "gpu-1-counter-set"]
+    assert "devices" not in found[0]["spec"]
+    assert values(counters[0]["counters"]) == {
+        "copy-engines": "7", "decoders": "5", "encoders": "0", "jpeg-engines": "1",
+        "memory": "40192Mi", "multiprocessors": "98", "ofa-engines": "1",
+        **{f"memory-slice-{i}": "1" for i in range(8)},
+    }  # fmt: skip
+    per_gpu = [s["spec"]["devices"] for s in found[1:]]
+    assert [len(d) for d in per_gpu] == [25, 25]
+    assert all(d["name"].startswith("gpu-1-mig-") for d in per_gpu[1])
+    device = devices(found)["gpu-0-mig-3g20gb-9-4"]
+    assert "uuid" not in device["attributes"]
+    assert not any(k.startswith("memorySlice") for k in device["capacity"])
+    (consumed,) = device["consumesCounters"]
+    assert consumed["counterSet"] == "gpu-0-counter-set"
+    assert values(consumed["counters"]) == {
+        "copy-engines": "3", "decoders": "2", "encoders": "0", "jpeg-engines": "0",
+        "memory": "19968Mi", "multiprocessors": "42", "ofa-engines": "0",
+        **{f"memory-slice-{i}": "1" for i in range(4, 8)},
+    }  # fmt: skip
+
+
+def test_dynamic_mig_on_an_h100_also_offers_the_whole_gpu_consuming_everything() -> None:
+    found = slices(gpu_node("h", "NVIDIA-H100-80GB-HBM3", 1, "all-enabled"), dynamic=True)
+    counters = found[0]["spec"]["sharedCounters"][0]["counters"]
+    whole = devices(found)["gpu-0"]
+    assert len(devices(found)) == 26
+    assert whole["attributes"]["type"] == {"string": "gpu"}
+    assert whole["consumesCounters"][0]["counters"] == counters
+    assert values(whole["capacity"]) == {
+        "copyEngines": "8", "decoders": "7", "encoders": "0", "jpegEngines": "7",
+        "memory": "81152Mi", "multiprocessors": "132", "ofaEngines": "1",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.key)
+def test_every_profile_at_every_placement_is_offered_with_the_catalogs_capacities(
+    model: GpuModel,
+) -> None:
+    found = devices(slices(gpu_node("c", product(model), 1, "all-enabled"), dynamic=True))
+    for p in model.profiles:
+        for start in p.placements:
+            device = found[dra.mig_device(0, p, start)]
+            assert device["attributes"]["profile"] == {"string": p.name}
+            capacity = values(device["capacity"])
+            assert capacity["memory"] == quantity(p.memory_mib * 2**20)
+            assert capacity["multiprocessors"] == str(p.engines.multiprocessors)
+            slices_held = {
+                k for k in device["consumesCounters"][0]["counters"] if k.startswith("memory-slice")
+            }
+            assert slices_held == {
+                f"memory-slice-{i}" for i in range(start, start + p.memory_slices)
+            }
+
+
+def test_quantities_are_canonical_binary_si() -> None:
+    assert [quantity(n) for n in (0, 1, 14, 1024, 4864 * 2**20, 40960 * 2**20)] == [
+        "0", "1", "14", "1Ki", "4864Mi", "40Gi",
+    ]  # fmt: skip
+
+
+def test_a_long_node_name_still_gives_a_valid_slice_name() -> None:
+    name = slice_name("n" * 250, 3)
+    assert len(name) <= 253 and name.startswith("00003-gpu.nvidia.com-nnn")
+    assert slice_name("n" * 250, 3) != slice_name("n" * 249, 3)
