@@ -6,7 +6,7 @@ import argparse
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import yaml
@@ -15,8 +15,12 @@ from common.files import UnreadableFile, read_text
 from common.process import CLUSTER_ENVIRONMENT, not_utf8
 from common.yamlload import SafeDumper
 from kube.api import port
+from status_updater.devices import build_node
+from status_updater.dra import DraOptions, add_dra_arguments
 from status_updater.inputs import InputError, load_objects
+from status_updater.objects import Obj, is_gpu_node, metadata, node_name, slim_node, strings
 from status_updater.reconcile import document
+from status_updater.resourceslices import node_slices
 from status_updater.state import ClusterState
 from topology import configmap as contract
 from topology import migparted
@@ -27,7 +31,8 @@ from topology.settings import add_layout_argument, topology_name, topology_names
 EXIT_OK, EXIT_USAGE = 0, 2
 # Every variable the updater reads: one that is not UTF-8 is refused at the start.
 ENVIRONMENT = (*CLUSTER_ENVIRONMENT, "LEASE_NAME", "POD_NAME", "MIG_PARTED_CONFIG",
-               "RESYNC_SECONDS", "METRICS_PORT", "METRICS_ADDRESS")  # fmt: skip
+               "RESYNC_SECONDS", "METRICS_PORT", "METRICS_ADDRESS", "DRA_NODE_SELECTOR",
+               "DRA_DYNAMIC_MIG")  # fmt: skip
 
 
 class _LiteralDumper(SafeDumper):  # type: ignore[valid-type,misc]
@@ -76,8 +81,30 @@ def read_layouts(path: str) -> migparted.Layouts:
         raise InputError(str(e)) from None
 
 
+def dra_slices(
+    nodes: Iterable[Obj], layouts: migparted.Layouts | None, dra: DraOptions
+) -> tuple[dict[str, Any], list[str]]:
+    """A List of the ResourceSlices the DRA driver would publish on the GPU nodes `dra` selects,
+    and a line for each node that has none."""
+    items: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for node in sorted(nodes, key=node_name):
+        if not is_gpu_node(node) or not dra.selects(strings(metadata(node).get("labels"))):
+            continue
+        slim = slim_node(node)
+        try:
+            items += node_slices(slim, build_node(slim, layouts), dynamic=dra.dynamic_mig)
+        except TopologyError as e:
+            problems.append(f"{e}; no ResourceSlices")
+    return {"apiVersion": "v1", "kind": "List", "items": items}, problems
+
+
 def render(
-    nodes: list[str], pods: list[str], layout: str, mig_parted_config: str | None = None
+    nodes: list[str],
+    pods: list[str],
+    layout: str,
+    mig_parted_config: str | None = None,
+    dra: DraOptions | None = None,
 ) -> int:
     try:
         layouts = read_layouts(mig_parted_config) if mig_parted_config else None
@@ -93,6 +120,12 @@ def render(
         (o for o in objects if o.get("kind") == "Pod"),
         layouts,
     )
+    if dra is not None:  # --resource-slices
+        found, problems = dra_slices((o for o in objects if o.get("kind") == "Node"), layouts, dra)
+        for line in problems:
+            print(f"warning: {line}", file=sys.stderr)
+        sys.stdout.write(dump_object(found))
+        return EXIT_OK
     for w in state.all_warnings():
         print(f"warning: {w}", file=sys.stderr)
     sys.stdout.write(dump_object(configmaps(state, layout, topology_namespace())))
@@ -122,6 +155,12 @@ def parser() -> argparse.ArgumentParser:
         "mig-parted ConfigMap manifest or its config.yaml (default: NVIDIA's built-in layouts)",
     )
     add_layout_argument(r)
+    r.add_argument(
+        "--resource-slices",
+        action="store_true",
+        help="print the ResourceSlices the NVIDIA DRA driver would publish on the nodes instead",
+    )
+    add_dra_arguments(r)
     live = sub.add_parser(
         "run",
         help="keep the topology ConfigMaps up to date from the cluster",
@@ -200,7 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.command == "render":
-            return render(args.nodes, args.pods, args.layout, args.mig_parted_config)
+            dra = DraOptions.of(args) if args.resource_slices else None
+            return render(args.nodes, args.pods, args.layout, args.mig_parted_config, dra)
         from status_updater.daemon import run
 
         return run(

@@ -23,6 +23,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -254,17 +255,17 @@ def node_slices(
         for i in range(0, len(counter_sets), MAX_COUNTER_SETS)
     ]
     specs += [{"devices": group} for group in groups]
-    uid = node_uid(node) or ""
+    # Deleted with their node; a node read from a file without its uid gets no owner.
+    uid = node_uid(node)
     owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid, "controller": True}
+    meta: dict[str, Any] = {"labels": {LABEL_MANAGED_BY: MANAGER}}
+    if uid:
+        meta["ownerReferences"] = [owner]
     return [
         {
             "apiVersion": API_VERSION,
             "kind": "ResourceSlice",
-            "metadata": {
-                "name": slice_name(name, i),
-                "labels": {LABEL_MANAGED_BY: MANAGER},
-                "ownerReferences": [owner],
-            },
+            "metadata": {"name": slice_name(name, i), **copy.deepcopy(meta)},
             "spec": {
                 "driver": dra.DRIVER,
                 "nodeName": name,

@@ -3,6 +3,7 @@ Kubernetes schema."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -12,10 +13,12 @@ import yaml
 from status_updater.devices import build_node
 from status_updater.objects import slim_node
 from status_updater.resourceslices import node_slices, quantity, slice_name
-from tests.support.base import SAMPLES
+from tests.support.base import SAMPLES, run_cli
 from topology import dra
 from topology.catalog import MODELS, GpuModel
 
+A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "1"}
+ON = {"nvidia.com/mig.config": "all-enabled", "nvidia.com/mig.strategy": "mixed"}
 # resource.k8s.io/v1 is GA from 1.34; counters in their own slice from 1.35.
 KUBE_VERSIONS = ("1.35", "1.37")
 
@@ -212,3 +215,53 @@ def test_a_long_node_name_still_gives_a_valid_slice_name() -> None:
     name = slice_name("n" * 250, 3)
     assert len(name) <= 253 and name.startswith("00003-gpu.nvidia.com-nnn")
     assert slice_name("n" * 250, 3) != slice_name("n" * 249, 3)
+
+
+def render_slices(*args: str, env: dict[str, str] | None = None) -> tuple[list[Any], str]:
+    done = run_cli("status_updater", "render", "--resource-slices", *args, env=env)
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)["items"], done.stderr
+
+
+def test_render_prints_the_slices_of_the_selected_gpu_nodes(tmp_path: Path) -> None:
+    nodes = [
+        {"kind": "Node", "metadata": {"name": "kwok-1", "labels": {"type": "kwok", **A100}}},
+        {"kind": "Node", "metadata": {"name": "real-1", "labels": {"type": "real", **A100, **ON}}},
+        {"kind": "Node", "metadata": {"name": "cpu-1", "labels": {"type": "kwok"}}},
+    ]
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump_all(nodes))
+    found, _ = render_slices("--nodes", str(path), "--dra-node-selector", "type=kwok")
+    assert [s["spec"]["nodeName"] for s in found] == ["kwok-1"]
+    assert "ownerReferences" not in found[0]["metadata"]  # no uid in the file
+    everything, _ = render_slices("--nodes", str(path))  # no selector: every GPU node
+    assert sorted(s["spec"]["nodeName"] for s in everything) == ["kwok-1", "real-1"]
+    env = {"DRA_NODE_SELECTOR": "type=real", "DRA_DYNAMIC_MIG": "true"}
+    dynamic, _ = render_slices("--nodes", str(path), env=env)
+    assert [s["spec"]["nodeName"] for s in dynamic] == ["real-1", "real-1"]  # counters, GPU
+    assert dynamic[0]["spec"]["sharedCounters"][0]["name"] == "gpu-0-counter-set"
+
+
+def test_render_names_a_node_without_slices_and_prints_the_others(tmp_path: Path) -> None:
+    bad = {**A100, "nvidia.com/cuda.driver.major": "five"}
+    nodes = [
+        {"kind": "Node", "metadata": {"name": "bad", "labels": bad}},
+        {"kind": "Node", "metadata": {"name": "good", "labels": A100}},
+    ]
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump_all(nodes))
+    found, stderr = render_slices("--nodes", str(path))
+    assert [s["spec"]["nodeName"] for s in found] == ["good"]
+    assert stderr.strip() == (
+        "warning: node bad: metadata.labels[nvidia.com/cuda.driver.major]: expected a version "
+        "such as 520.56.06, got 'five.0.0'; no ResourceSlices"
+    )
+
+
+def test_a_bad_selector_is_a_usage_error() -> None:
+    done = run_cli(
+        "status_updater", "render", "--nodes", "x", "--resource-slices",
+        "--dra-node-selector", "type in kwok",
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--dra-node-selector" in done.stderr and "Traceback" not in done.stderr
