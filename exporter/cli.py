@@ -36,7 +36,7 @@ log = logging.getLogger("exporter")
 ENVIRONMENT = (
     *CLUSTER_ENVIRONMENT, "NODE_NAME", "DCGM_EXPORTER_INTERVAL", "DRIVER_VERSION",
     "EXPORTER_HOSTNAME", "DCGM_EXPORTER_COLLECTORS", "MIG_POD_LABELS", "KUBERNETES_VIRTUAL_GPUS",
-    "WEB_CONFIG_FILE",
+    "WEB_CONFIG_FILE", "DCGM_EXPORTER_VERSION",
 )  # fmt: skip
 
 
@@ -144,6 +144,13 @@ def _series_arguments(p: argparse.ArgumentParser) -> None:
         "(env DCGM_EXPORTER_COLLECTORS; default: the fields of the real dumps)",
     )
     p.add_argument(
+        "--dcgm-exporter-version",
+        type=_exporter_version,
+        default=os.environ.get("DCGM_EXPORTER_VERSION") or "default",
+        help="whose label set: default, the run:ai dumps' dcgm-exporter (Hostname); 4.8, "
+        "dcgm-exporter 4.8.3's (pci_bus_id, hostname) (env DCGM_EXPORTER_VERSION)",
+    )
+    p.add_argument(
         "--mig-pod-labels",
         action="store_true",
         default=_env_flag("MIG_POD_LABELS"),
@@ -157,6 +164,15 @@ def _series_arguments(p: argparse.ArgumentParser) -> None:
         help="a shared GPU's (time-slicing, MPS) series once per pod sharing it, with a vgpu "
         "label, as dcgm-exporter's flag (env KUBERNETES_VIRTUAL_GPUS=true)",
     )
+
+
+def _exporter_version(text: str) -> str:
+    if text not in dcgm.EXPORTER_VERSIONS:
+        raise argparse.ArgumentTypeError(
+            f"expected {' or '.join(dcgm.EXPORTER_VERSIONS)}, got {text!r} "
+            "(flag or DCGM_EXPORTER_VERSION)"
+        )
+    return text
 
 
 def milliseconds(text: str) -> int:
@@ -326,6 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         counters=counters,
         mig_pod_labels=args.mig_pod_labels,
         virtual_gpus=args.kubernetes_virtual_gpus,
+        exporter_version=args.dcgm_exporter_version,
     )
     try:
         if args.once:

@@ -36,6 +36,7 @@ from exporter import readings
 from exporter.fields import DEFAULT_COUNTERS, EMPTY, GPU, MIG, Counters, read_counters
 from exporter.readings import EnergyMeter
 from exporter.series import GpuLabels, InstanceSeries, Labels, Subject, gpu_subjects
+from topology import dra
 from topology.catalog import GpuModel, model_for_product, nvml_model_name
 from topology.model import Gpu, MigDevice, NodeTopology
 
@@ -67,7 +68,21 @@ class Options:
     # dcgm-exporter's --kubernetes-virtual-gpus: a shared device's series once per replica held,
     # each naming its pod and `vgpu` (the replica); off, one series names one of the pods.
     virtual_gpus: bool = False
+    # Whose label set: `default`, the run:ai dumps' exporter; `4.8`, dcgm-exporter 4.8.3's.
+    exporter_version: str = "default"
     energy: EnergyMeter = field(default_factory=EnergyMeter, compare=False, repr=False)
+
+
+EXPORTER_VERSIONS = ("default", "4.8")
+
+
+def gpu_labels(
+    options: Options, index: int, uuid: str, minor: int, model: str, bus: str, fields: Labels
+) -> GpuLabels:
+    """A GPU's labels in the label set of the dcgm-exporter version the options name."""
+    if options.exporter_version == "4.8":
+        return GpuLabels(index, uuid, minor, model, options.hostname, fields, bus, "hostname")
+    return GpuLabels(index, uuid, minor, model, options.hostname, fields)
 
 
 def _mig_order(model: GpuModel, dev: MigDevice) -> tuple[int, int]:
@@ -116,8 +131,8 @@ def entities(node: NodeTopology, options: Options, now: float) -> list[Subject]:
     name_holders = options.mig_pod_labels or not node.is_dynamic_mig_enabled
     out: list[Subject] = []
     for index, gpu in enumerate(node.gpus):
-        labels = GpuLabels(index, gpu.id, index, model_name, options.hostname,
-                           _label_fields(options, gpu))  # fmt: skip
+        labels = gpu_labels(options, index, gpu.id, index, model_name, dra.pci_bus_id(index),
+                            _label_fields(options, gpu))  # fmt: skip
         mig = gpu.mig_devices is not None and model is not None
         devices: tuple[MigDevice, ...] = ()
         if mig and model is not None and gpu.mig_devices:

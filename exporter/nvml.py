@@ -30,7 +30,7 @@ from typing import Any
 from common.text import one_line
 from exporter import dcgm
 from exporter.readings import Reading
-from exporter.series import GpuLabels, InstanceSeries, Labels, Subject, gpu_subjects
+from exporter.series import InstanceSeries, Labels, Subject, gpu_subjects
 from topology.model import NodeTopology
 
 MIB = 1 << 20
@@ -83,6 +83,7 @@ class GpuSample:
     minor: int
     uuid: str
     name: str
+    pci_bus_id: str  # NVML's form, `00000000:07:00.0`
     serial: str
     brand: str
     mig: bool
@@ -265,11 +266,13 @@ def _gpu(reader: _Reader, index: int) -> GpuSample:
     mig = mode is not None and mode[0] == nv.NVML_DEVICE_MIG_ENABLE
     minor = reader.optional(where, "nvmlDeviceGetMinorNumber", h)
     brand = reader.optional(where, "nvmlDeviceGetBrand", h)
+    pci = reader.optional(where, "nvmlDeviceGetPciInfo", h)
     return GpuSample(
         index=index,
         minor=index if minor is None else minor,
         uuid=uuid,
         name=text_of(reader.call(where, "nvmlDeviceGetName", h)),
+        pci_bus_id=text_of(pci.busId) if pci is not None else "",
         serial=text_of(reader.optional(where, "nvmlDeviceGetSerial", h) or ""),
         brand=BRANDS.get(brand, "Unknown") if brand is not None else "",
         mig=mig,
@@ -324,8 +327,8 @@ def entities(
     name_holders = node is not None and (options.mig_pod_labels or not node.is_dynamic_mig_enabled)
     out: list[Subject] = []
     for gpu in sample.gpus:
-        labels = GpuLabels(gpu.index, gpu.uuid, gpu.minor, gpu.name, options.hostname,
-                           _label_fields(sample, gpu, options))  # fmt: skip
+        labels = dcgm.gpu_labels(options, gpu.index, gpu.uuid, gpu.minor, gpu.name,
+                                 gpu.pci_bus_id, _label_fields(sample, gpu, options))  # fmt: skip
         known = whole.get(gpu.uuid)
         # The pods of its instances, by GPU instance id, where they are named.
         pods = {d.gpu_instance_id: d.status for d in known.mig_devices or ()} if known else {}

@@ -7,6 +7,9 @@ samples/mig/metrics/ show:
     gpu, UUID, device, modelName, [GPU_I_PROFILE, GPU_I_ID,] Hostname, <label fields>,
     container, namespace, pod, [vgpu]
 
+and dcgm-exporter 4.8's (`--dcgm-exporter-version 4.8`) adds `pci_bus_id` after `UUID` and names
+`hostname` in lower case (dra.md's real line).
+
 A GPU with MIG off has its own series, once per pod label set (`holders`); a GPU with MIG on has
 one series per instance, or with no instance its GPU-level series only, with empty pod labels.
 """
@@ -34,6 +37,8 @@ class GpuLabels:
     model: str  # `modelName`, as NVML names it
     hostname: str
     fields: Labels  # the counters' label fields, after `Hostname`
+    pci_bus_id: str | None = None  # dcgm-exporter 4.8's `pci_bus_id` (NVML's form); None: none
+    hostname_label: str = "Hostname"  # `hostname` from dcgm-exporter 4.8
 
 
 @dataclass(frozen=True)
@@ -55,9 +60,10 @@ def gpu_subjects(
 ) -> list[Subject]:
     """The series subjects of one GPU: its own with MIG off (`instances` None, `status` naming
     its pods), else one per instance, or its GPU-level one when it has no instance."""
-    base = (("gpu", str(gpu.index)), ("UUID", gpu.uuid), ("device", f"nvidia{gpu.minor}"),
+    bus = () if gpu.pci_bus_id is None else (("pci_bus_id", gpu.pci_bus_id),)
+    base = (("gpu", str(gpu.index)), ("UUID", gpu.uuid), *bus, ("device", f"nvidia{gpu.minor}"),
             ("modelName", gpu.model))  # fmt: skip
-    tail = (("Hostname", gpu.hostname), *gpu.fields)
+    tail = ((gpu.hostname_label, gpu.hostname), *gpu.fields)
     if instances is None:
         return [(GPU, base + tail + pod, reading) for pod in holders(status, virtual_gpus)]
     out: list[Subject] = [] if instances else [(EMPTY, base + tail + holder(None), reading)]

@@ -185,6 +185,16 @@ def test_a_counters_file_selects_the_fields_and_nvml_fills_the_label_fields(
     assert h100_total == {m.profile.name: m.profile.memory_mib for m in fake.gpus[0].instances}
 
 
+def test_dcgm_exporter_4_8s_labels_carry_nvmls_bus_address(fake: FakeNvml) -> None:
+    fake.gpus[1].bus_id = b"00000000:D8:00.0"
+    series = read(fake, dcgm.Options("node-a", exporter_version="4.8"))
+    assert series[0].label_names[:5] == ("gpu", "UUID", "pci_bus_id", "device", "modelName")
+    buses = {s.label("gpu"): s.label("pci_bus_id") for s in series}
+    assert buses == {"0": "00000000:07:00.0", "1": "00000000:D8:00.0"}
+    assert {s.label("hostname") for s in series} == {"node-a"}
+    assert not [s for s in series if "Hostname" in s.label_names]
+
+
 def test_a_driver_without_memory_v2_has_no_reserved_part(fake: FakeNvml) -> None:
     counters, _ = parse_counters(
         "DCGM_FI_DEV_FB_USED, gauge, u\nDCGM_FI_DEV_FB_RESERVED, gauge, r\n", "test"

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pynvml
@@ -32,7 +33,7 @@ MIB = 1 << 20
 FUNCTIONS = (
     "nvmlInit", "nvmlShutdown", "nvmlSystemGetDriverVersion", "nvmlSystemGetNVMLVersion",
     "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetUUID", "nvmlDeviceGetName",
-    "nvmlDeviceGetSerial", "nvmlDeviceGetMinorNumber", "nvmlDeviceGetBrand",
+    "nvmlDeviceGetSerial", "nvmlDeviceGetMinorNumber", "nvmlDeviceGetBrand", "nvmlDeviceGetPciInfo",
     "nvmlDeviceGetMigMode", "nvmlDeviceGetClockInfo", "nvmlDeviceGetTemperature",
     "nvmlDeviceGetFieldValues", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetPowerManagementLimit",
     "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetPcieReplayCounter",
@@ -66,6 +67,7 @@ class FakeGpu:
     instances: list[FakeMig] = field(default_factory=list)
     serial: str = "1564720004631"
     minor: int = 0
+    bus_id: bytes = b"00000000:07:00.0"  # pynvml gives bytes, as the C struct holds
     used_bytes: int = 512 * MIB + 77
     power_mw: int = 61_234
     limit_mw: int = 400_000
@@ -231,6 +233,9 @@ class FakeNvml:
 
     def nvmlDeviceGetMinorNumber(self, h: _Handle) -> int:
         return self._whole(h).minor
+
+    def nvmlDeviceGetPciInfo(self, h: _Handle) -> SimpleNamespace:
+        return SimpleNamespace(busId=self._whole(h).bus_id)
 
     def nvmlDeviceGetBrand(self, h: _Handle) -> int:
         return self._whole(h).brand

@@ -1,0 +1,81 @@
+"""dcgm-exporter 4.8's label set (`--dcgm-exporter-version 4.8`) against its real line (dra.md), and
+its `pci_bus_id` against the ResourceSlice's bus address of the same GPU."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from status_updater.devices import build_node
+from status_updater.objects import slim_node
+from status_updater.resourceslices import node_slices
+from tests.support.base import ROOT, SAMPLES, run_cli
+from tests.support.promtext import Series, parse
+
+# The real line of a static-MIG A30 instance held by a DRA claim (dcgm-exporter PR #664).
+REAL = next(
+    m[1]
+    for m in re.finditer(
+        r"`(DCGM_FI_DEV_SM_CLOCK\{[^`]*\} \d+)`",
+        (ROOT / "tests" / "reference" / "dra.md").read_text(),
+    )
+)
+STATIC = SAMPLES / "static" / "nodes" / "a100-40gb-mixed.yaml"
+
+
+def topology() -> str:
+    """The static-MIG sample node's topology ConfigMap, as render writes it."""
+    rendered = run_cli("status_updater", "render", "--nodes", str(STATIC))
+    assert rendered.returncode == 0, rendered.stderr
+    return rendered.stdout
+
+
+def serve_once(tmp_path: Path, *flags: str) -> list[Series]:
+    """The exporter's series for that node."""
+    path = tmp_path / "cm.yaml"
+    path.write_text(topology())
+    done = run_cli("exporter", "--topology-file", str(path), "--node-name", "a100-40gb-static",
+                   "--hostname", "a100-40gb-static", "--once", *flags)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return parse(done.stdout)
+
+
+def test_the_labels_are_in_the_real_lines_order(tmp_path: Path) -> None:
+    (real,) = parse(f"# TYPE DCGM_FI_DEV_SM_CLOCK gauge\n{REAL}\n")
+    ours = next(s for s in serve_once(tmp_path, "--dcgm-exporter-version", "4.8")
+                if s.name == "DCGM_FI_DEV_SM_CLOCK" and s.label("GPU_I_PROFILE"))  # fmt: skip
+    # The real line is shortened (no label fields) and held by a claim (its dra_* labels).
+    shared = [n for n in real.label_names if not n.startswith("dra_")]
+    assert [n for n in ours.label_names if n in shared] == shared
+    assert [n for n in ours.label_names if n not in shared] == ["DCGM_FI_DRIVER_VERSION"]
+
+
+def test_the_default_label_set_is_the_run_ai_dumps(tmp_path: Path) -> None:
+    names = {n for s in serve_once(tmp_path) for n in s.label_names}
+    assert "Hostname" in names and not {"hostname", "pci_bus_id"} & names
+
+
+def test_pci_bus_id_is_the_slices_bus_address_of_the_same_gpu(tmp_path: Path) -> None:
+    series = serve_once(tmp_path, "--dcgm-exporter-version", "4.8")
+    by_uuid = {s.label("UUID"): s.label("pci_bus_id") for s in series}
+    node = slim_node(yaml.safe_load(STATIC.read_text()))
+    slices = node_slices(node, build_node(node))
+    parents = {
+        d["attributes"]["parentUUID"]["string"]: d["attributes"]["resource.kubernetes.io/pciBusID"][
+            "string"
+        ]
+        for s in slices
+        for d in s["spec"]["devices"]
+    }
+    assert len(by_uuid) == len(parents) == 2  # two GPUs, each its own address
+    for uuid, dcgm_form in by_uuid.items():
+        domain, rest = dcgm_form.split(":", 1)
+        assert parents[uuid] == f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def test_an_unknown_version_is_a_usage_error() -> None:
+    done = run_cli("exporter", "--once", "--dcgm-exporter-version", "4.9")
+    assert done.returncode == 2
+    assert "--dcgm-exporter-version" in done.stderr and "4.8" in done.stderr
