@@ -265,3 +265,49 @@ def test_a_bad_selector_is_a_usage_error() -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "--dra-node-selector" in done.stderr and "Traceback" not in done.stderr
+
+
+DRA_SAMPLES = SAMPLES / "dra"
+
+
+def dra_sample(name: str) -> list[dict[str, Any]]:
+    return list(yaml.safe_load_all((DRA_SAMPLES / name).read_text()))
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+@pytest.mark.parametrize("name", ["nodes.yaml", "claim-templates.yaml", "pods.yaml", "claims.yaml"])
+def test_the_dra_samples_are_valid_for_the_api(name: str, version: str) -> None:
+    for doc in dra_sample(name):
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_the_sample_claims_hold_devices_the_sample_nodes_offer() -> None:
+    """What the scheduler allocated exists in the slices render prints for the sample nodes, is
+    of the requested class and profile, keeps `matchAttribute` (one parent GPU), and belongs to
+    the pod the claim is reserved for."""
+    offered: dict[tuple[str, str], dict[str, Any]] = {}
+    for node in dra_sample("nodes.yaml"):
+        slim = slim_node(node)
+        for s in slices(slim):
+            for d in s["spec"].get("devices", []):
+                offered[s["spec"]["pool"]["name"], d["name"]] = d["attributes"]
+    pods = {p["metadata"]["name"]: p for p in dra_sample("pods.yaml")}
+    for claim in dra_sample("claims.yaml"):
+        requests = {r["name"]: r["exactly"] for r in claim["spec"]["devices"]["requests"]}
+        results = claim["status"]["allocation"]["devices"]["results"]
+        held = []
+        for result in results:
+            attributes = offered[result["pool"], result["device"]]
+            request = requests[result["request"]]
+            assert request["deviceClassName"] == f"{attributes['type']['string']}.nvidia.com"
+            profile = attributes["profile"]["string"]
+            assert all(f"== '{profile}'" in c["cel"]["expression"] for c in request["selectors"])
+            held.append(attributes)
+        for constraint in claim["spec"]["devices"].get("constraints", []):
+            key = constraint["matchAttribute"].removeprefix("gpu.nvidia.com/")
+            assert len({a[key]["string"] for a in held}) == 1
+        (reserved,) = claim["status"]["reservedFor"]
+        pod = pods[reserved["name"]]
+        assert reserved["uid"] == pod["metadata"]["uid"]
+        names = [s["resourceClaimName"] for s in pod["status"]["resourceClaimStatuses"]]
+        assert claim["metadata"]["name"] in names
