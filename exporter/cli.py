@@ -36,7 +36,7 @@ log = logging.getLogger("exporter")
 ENVIRONMENT = (
     *CLUSTER_ENVIRONMENT, "NODE_NAME", "DCGM_EXPORTER_INTERVAL", "DRIVER_VERSION",
     "EXPORTER_HOSTNAME", "DCGM_EXPORTER_COLLECTORS", "MIG_POD_LABELS", "KUBERNETES_VIRTUAL_GPUS",
-    "WEB_CONFIG_FILE", "DCGM_EXPORTER_VERSION",
+    "WEB_CONFIG_FILE", "DCGM_EXPORTER_VERSION", "KUBERNETES_ENABLE_DRA",
 )  # fmt: skip
 
 
@@ -149,6 +149,14 @@ def _series_arguments(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("DCGM_EXPORTER_VERSION") or "default",
         help="whose label set: default, the run:ai dumps' dcgm-exporter (Hostname); 4.8, "
         "dcgm-exporter 4.8.3's (pci_bus_id, hostname) (env DCGM_EXPORTER_VERSION)",
+    )
+    p.add_argument(
+        "--kubernetes-enable-dra",
+        action="store_true",
+        default=_env_flag("KUBERNETES_ENABLE_DRA"),
+        help="a device DRA claims hold, once per pod container holding it, with the claim's "
+        "dra_* labels, in dcgm-exporter 4.8's label set, as its flag (env "
+        "KUBERNETES_ENABLE_DRA=true)",
     )
     p.add_argument(
         "--mig-pod-labels",
@@ -343,6 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mig_pod_labels=args.mig_pod_labels,
         virtual_gpus=args.kubernetes_virtual_gpus,
         exporter_version=args.dcgm_exporter_version,
+        dra=args.kubernetes_enable_dra,
     )
     try:
         if args.once:

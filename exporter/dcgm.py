@@ -70,6 +70,9 @@ class Options:
     virtual_gpus: bool = False
     # Whose label set: `default`, the run:ai dumps' exporter; `4.8`, dcgm-exporter 4.8.3's.
     exporter_version: str = "default"
+    # dcgm-exporter's --kubernetes-enable-dra: a device DRA claims hold, once per pod container
+    # holding it, with the claim's dra_* labels (in 4.8's label set).
+    dra: bool = False
     energy: EnergyMeter = field(default_factory=EnergyMeter, compare=False, repr=False)
 
 
@@ -80,7 +83,7 @@ def gpu_labels(
     options: Options, index: int, uuid: str, minor: int, model: str, bus: str, fields: Labels
 ) -> GpuLabels:
     """A GPU's labels in the label set of the dcgm-exporter version the options name."""
-    if options.exporter_version == "4.8":
+    if options.exporter_version == "4.8" or options.dra:
         return GpuLabels(index, uuid, minor, model, options.hostname, fields, bus, "hostname")
     return GpuLabels(index, uuid, minor, model, options.hostname, fields)
 
@@ -141,12 +144,15 @@ def entities(node: NodeTopology, options: Options, now: float) -> list[Subject]:
             gpu, model, node.gpu_memory, now, (options.energy, options.hostname), devices
         )
         instances = [
-            InstanceSeries(dev.name, dev.gpu_instance_id, dev.status if name_holders else None, r)
+            InstanceSeries(
+                dev.name, dev.gpu_instance_id, dev.status if name_holders else None, r, dev.id
+            )
             for dev, r in zip(devices, per_instance, strict=True)
         ]
         out += gpu_subjects(
-            labels, reading, gpu.status, instances if mig else None, options.virtual_gpus
-        )
+            labels, reading, gpu.status, instances if mig else None, options.virtual_gpus,
+            options.dra,
+        )  # fmt: skip
     return out
 
 

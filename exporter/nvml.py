@@ -331,18 +331,19 @@ def entities(
                                  gpu.pci_bus_id, _label_fields(sample, gpu, options))  # fmt: skip
         known = whole.get(gpu.uuid)
         # The pods of its instances, by GPU instance id, where they are named.
-        pods = {d.gpu_instance_id: d.status for d in known.mig_devices or ()} if known else {}
+        named = {d.gpu_instance_id: d for d in known.mig_devices or ()} if known else {}
         instances = [
             InstanceSeries(i.profile, i.gpu_instance_id,
-                           pods.get(i.gpu_instance_id) if name_holders else None,
-                           _reading(gpu.values, i.memory))
+                           d.status if (d := named.get(i.gpu_instance_id)) and name_holders else None,
+                           _reading(gpu.values, i.memory), d.id if d else None)
             for i in gpu.instances
         ]  # fmt: skip
         status = known.status if known else None
         reading = _reading(gpu.values)
         out += gpu_subjects(
-            labels, reading, status, instances if gpu.mig else None, options.virtual_gpus
-        )
+            labels, reading, status, instances if gpu.mig else None, options.virtual_gpus,
+            options.dra,
+        )  # fmt: skip
     return out
 
 

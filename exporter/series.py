@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from exporter.fields import EMPTY, GPU, MIG
 from exporter.readings import Reading
+from topology import dra
 from topology.model import AllocatedBy, DeviceStatus
 
 Labels = tuple[tuple[str, str], ...]  # (name, value) in dcgm-exporter's order
@@ -49,6 +50,7 @@ class InstanceSeries:
     gpu_instance_id: int  # `GPU_I_ID`
     status: DeviceStatus | None  # None where its pods are not named (dynamic MIG)
     reading: Reading
+    uuid: str | None = None  # its `MIG-` id, where known: `dra_mig_device_uuid`
 
 
 def gpu_subjects(
@@ -57,20 +59,42 @@ def gpu_subjects(
     status: DeviceStatus | None,
     instances: Sequence[InstanceSeries] | None,
     virtual_gpus: bool,
+    dra: bool = False,
 ) -> list[Subject]:
     """The series subjects of one GPU: its own with MIG off (`instances` None, `status` naming
-    its pods), else one per instance, or its GPU-level one when it has no instance."""
+    its pods), else one per instance, or its GPU-level one when it has no instance. With `dra`
+    (dcgm-exporter's --kubernetes-enable-dra), a device DRA claims hold has one copy per pod
+    container holding it, with the claim's labels."""
     bus = () if gpu.pci_bus_id is None else (("pci_bus_id", gpu.pci_bus_id),)
     base = (("gpu", str(gpu.index)), ("UUID", gpu.uuid), *bus, ("device", f"nvidia{gpu.minor}"),
             ("modelName", gpu.model))  # fmt: skip
     tail = ((gpu.hostname_label, gpu.hostname), *gpu.fields)
     if instances is None:
-        return [(GPU, base + tail + pod, reading) for pod in holders(status, virtual_gpus)]
+        pods = dra_holders(status, None) if dra else []
+        pods = pods or holders(status, virtual_gpus)
+        return [(GPU, base + tail + pod, reading) for pod in pods]
     out: list[Subject] = [] if instances else [(EMPTY, base + tail + holder(None), reading)]
     for inst in instances:
         mig = (("GPU_I_PROFILE", inst.profile), ("GPU_I_ID", str(inst.gpu_instance_id)))
-        pods = holders(inst.status, virtual_gpus)
+        pods = dra_holders(inst.status, (inst.uuid or "", inst.profile)) if dra else []
+        pods = pods or holders(inst.status, virtual_gpus)
         out += [(MIG, base + mig + tail + pod, inst.reading) for pod in pods]
+    return out
+
+
+def dra_holders(status: DeviceStatus | None, mig: tuple[str, str] | None) -> list[Labels]:
+    """One label set per pod container a DRA claim gives the device, in dcgm-exporter's order
+    (its attributes sorted by name); `mig` is a MIG device's (uuid, profile)."""
+    out: list[Labels] = []
+    for c in status.dra_claims if status else ():
+        a = c.holder
+        labels = [("container", a.container), ("dra_claim_name", c.claim),
+                  ("dra_claim_namespace", c.claim_namespace), ("dra_device_name", c.device),
+                  ("dra_driver_name", dra.DRIVER)]  # fmt: skip
+        if mig is not None:
+            labels += [("dra_mig_device_uuid", mig[0]), ("dra_mig_profile", mig[1])]
+        labels += [("dra_pool_name", c.pool), ("namespace", a.namespace), ("pod", a.pod)]
+        out.append(tuple(labels))
     return out
 
 

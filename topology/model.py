@@ -55,12 +55,26 @@ class Replica:
 
 
 @dataclass(frozen=True)
+class DraClaim:
+    """A DRA ResourceClaim allocated this device (driver `gpu.nvidia.com`), and one pod container
+    using it (the claim is reserved for the pod, and the container names it in
+    `resources.claims`): dcgm-exporter's `dra_*` labels in DRA mode."""
+
+    holder: AllocatedBy
+    claim: str  # the ResourceClaim's name
+    claim_namespace: str
+    device: str  # the driver's device name, e.g. gpu-0-mig-1g5gb-19-2
+    pool: str  # the driver's pool: the node's name
+
+
+@dataclass(frozen=True)
 class DeviceStatus:
     # On a shared device: the one pod dcgm-exporter's default mode names, the pod that has
     # shared it longest (see `replicas` for every holder).
     allocated_by: AllocatedBy | None = None
     pod_gpu_usage_status: Mapping[str, PodUsage] = field(default_factory=dict)
     replicas: tuple[Replica, ...] = ()  # a shared device's held replicas, by index
+    dra_claims: tuple[DraClaim, ...] = ()  # DRA claims holding it, one per pod container
 
 
 SHARING_STRATEGIES = ("time-slicing", "mps")
@@ -172,7 +186,12 @@ def _dump_gpus(node: NodeTopology, out: list[str]) -> None:
 def _dump_status(status: DeviceStatus, indent: str, out: list[str]) -> None:
     q = yamltext.scalar
     a = status.allocated_by
-    if a is None and not status.pod_gpu_usage_status and not status.replicas:
+    if (
+        a is None
+        and not status.pod_gpu_usage_status
+        and not status.replicas
+        and not status.dra_claims
+    ):
         out.append(f"{indent}status: {{}}")
         return
     out.append(f"{indent}status:")
@@ -197,6 +216,15 @@ def _dump_status(status: DeviceStatus, indent: str, out: list[str]) -> None:
             out += [f"{indent}  - replica: {r.index}", f"{indent}    namespace: {q(h.namespace)}",
                     f"{indent}    pod: {q(h.pod)}", f"{indent}    container: {q(h.container)}",
                     f"{indent}    pod-uid: {q(r.pod_uid)}"]  # fmt: skip
+    if status.dra_claims:
+        out.append(f"{indent}  dra-claims:")
+        for c in status.dra_claims:
+            h = c.holder
+            out += [f"{indent}  - claim: {q(c.claim)}",
+                    f"{indent}    claim-namespace: {q(c.claim_namespace)}",
+                    f"{indent}    device: {q(c.device)}", f"{indent}    pool: {q(c.pool)}",
+                    f"{indent}    namespace: {q(h.namespace)}", f"{indent}    pod: {q(h.pod)}",
+                    f"{indent}    container: {q(h.container)}"]  # fmt: skip
 
 
 # --- from the wire -------------------------------------------------------------------------------
@@ -299,7 +327,17 @@ def _status_from(r: _Reader) -> DeviceStatus:
         )
         for x in (r.items("replicas") if r.has("replicas") else [])
     )
-    return DeviceStatus(allocated_by, usage, replicas)
+    claims = tuple(
+        DraClaim(
+            AllocatedBy(*(x.string(k, empty=True) for k in ("namespace", "pod", "container"))),
+            x.string("claim"),
+            x.string("claim-namespace"),
+            x.string("device"),
+            x.string("pool"),
+        )
+        for x in (r.items("dra-claims") if r.has("dra-claims") else [])
+    )
+    return DeviceStatus(allocated_by, usage, replicas, claims)
 
 
 def from_dict(data: object, obj: str = "topology") -> Topology:

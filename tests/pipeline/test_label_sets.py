@@ -79,3 +79,73 @@ def test_an_unknown_version_is_a_usage_error() -> None:
     done = run_cli("exporter", "--once", "--dcgm-exporter-version", "4.9")
     assert done.returncode == 2
     assert "--dcgm-exporter-version" in done.stderr and "4.8" in done.stderr
+
+
+HELD = """\
+mig-strategy: mixed
+nodes:
+  node-a:
+    gpu-count: 2
+    gpu-memory: 40960
+    gpu-product: NVIDIA-A100-SXM4-40GB
+    gpus:
+    - id: GPU-0
+      mig-devices:
+      - id: MIG-1
+        name: 1g.5gb
+        position: 2
+        gpu-instance-id: 9
+        status:
+          dra-claims:
+          - {claim: c1, claim-namespace: ns, device: gpu-0-mig-1g5gb-19-2, pool: node-a,
+             namespace: ns, pod: p1, container: ctr0}
+          - {claim: c1, claim-namespace: ns, device: gpu-0-mig-1g5gb-19-2, pool: node-a,
+             namespace: ns, pod: p1, container: ctr1}
+      - name: 1g.5gb
+        position: 3
+        gpu-instance-id: 10
+    - id: GPU-1
+      status:
+        dra-claims:
+        - {claim: whole, claim-namespace: ns, device: gpu-1, pool: node-a,
+           namespace: ns, pod: p2, container: main}
+"""
+
+
+def held(tmp_path: Path, *flags: str) -> list[Series]:
+    path = tmp_path / "topology.yml"
+    path.write_text(HELD)
+    done = run_cli("exporter", "--topology-file", str(path), "--node-name", "node-a",
+                   "--hostname", "node-a", "--once", *flags)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [s for s in parse(done.stdout) if s.name == "DCGM_FI_DEV_SM_CLOCK"]
+
+
+def test_with_dra_each_container_holding_a_device_has_its_copy_labelled_as_the_real_line(
+    tmp_path: Path,
+) -> None:
+    (real,) = parse(f"# TYPE DCGM_FI_DEV_SM_CLOCK gauge\n{REAL}\n")
+    series = held(tmp_path, "--kubernetes-enable-dra")
+    mig = [s for s in series if dict(s.labels).get("GPU_I_ID") == "9"]
+    assert [s.label("container") for s in mig] == ["ctr0", "ctr1"]
+    for s in mig:
+        assert [n for n in s.label_names if n != "DCGM_FI_DRIVER_VERSION"] == list(real.label_names)
+        assert {n: s.label(n) for n in s.label_names if n.startswith("dra_")} == {
+            "dra_claim_name": "c1", "dra_claim_namespace": "ns",
+            "dra_device_name": "gpu-0-mig-1g5gb-19-2", "dra_driver_name": "gpu.nvidia.com",
+            "dra_mig_device_uuid": "MIG-1", "dra_mig_profile": "1g.5gb", "dra_pool_name": "node-a",
+        }  # fmt: skip
+        assert (s.label("namespace"), s.label("pod")) == ("ns", "p1")
+    (free,) = [s for s in series if dict(s.labels).get("GPU_I_ID") == "10"]  # no claim: as it was
+    assert not [n for n in free.label_names if n.startswith("dra_")] and free.label("pod") == ""
+    (whole,) = [s for s in series if s.label("gpu") == "1"]
+    assert whole.label("dra_device_name") == "gpu-1" and whole.label("pod") == "p2"
+    assert "dra_mig_profile" not in whole.label_names
+
+
+def test_without_dra_a_claimed_device_names_no_pod(tmp_path: Path) -> None:
+    """dcgm-exporter learns a DRA device's pods only in DRA mode."""
+    series = held(tmp_path)
+    assert len(series) == 3
+    assert {s.label("pod") for s in series} == {""}
+    assert not [n for s in series for n in s.label_names if n.startswith("dra_")]

@@ -34,6 +34,13 @@ def _status_to_dict(status: DeviceStatus) -> dict[str, Any]:
              "container": r.holder.container, "pod-uid": r.pod_uid}
             for r in status.replicas
         ]  # fmt: skip
+    if status.dra_claims:
+        out["dra-claims"] = [
+            {"claim": c.claim, "claim-namespace": c.claim_namespace, "device": c.device,
+             "pool": c.pool, "namespace": c.holder.namespace, "pod": c.holder.pod,
+             "container": c.holder.container}
+            for c in status.dra_claims
+        ]  # fmt: skip
     return out
 
 

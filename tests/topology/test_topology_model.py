@@ -16,6 +16,7 @@ from topology.errors import TopologyError
 from topology.model import (
     AllocatedBy,
     DeviceStatus,
+    DraClaim,
     Gpu,
     MigDevice,
     NodeTopology,
@@ -167,11 +168,13 @@ _text = st.one_of(
 _usage = st.builds(PodUsage, st.builds(Utilization, st.integers(0, 100), st.integers(0, 100)),
                    st.integers(0, 10**6), st.booleans())  # fmt: skip
 _holder = st.builds(AllocatedBy, _text, _text, _text)
+_name = _text.filter(bool)  # a Kubernetes name: never empty
 _status = st.builds(
     DeviceStatus,
     st.none() | _holder,
     st.dictionaries(_text, _usage, max_size=2),
     st.lists(st.builds(Replica, st.integers(0, 9), _holder, _text), max_size=2).map(tuple),
+    st.lists(st.builds(DraClaim, _holder, _name, _name, _name, _name), max_size=2).map(tuple),
 )
 _mig = st.builds(
     MigDevice, _text, st.integers(0, 7), st.integers(0, 14), st.none() | _text, st.none() | _status
@@ -308,3 +311,22 @@ def test_every_problem_of_every_gpu_is_reported_in_order() -> None:
                                                                 dev("3g.40gb", 0)]}]}  # fmt: skip
     (clash,) = errors(load_yaml(yaml.safe_dump({"nodes": {"h": overlap}})))
     assert clash.message == "3g.40gb@0 overlaps 1g.10gb@0, 1g.10gb@1"
+
+
+def test_a_dra_claim_reads_back_and_a_bad_one_names_its_field() -> None:
+    claim = {"claim": "c", "claim-namespace": "ns", "device": "gpu-0-mig-1g5gb-19-0", "pool": "n1",
+             "namespace": "ns", "pod": "p", "container": "ctr0"}  # fmt: skip
+    held = {"name": "1g.5gb", "position": 0, "gpu-instance-id": 11,
+            "status": {"dra-claims": [claim]}}  # fmt: skip
+    (gpu,) = load_yaml(topology_with([held])).nodes["n1"].gpus
+    (dev,) = gpu.mig_devices or ()
+    assert dev.status is not None
+    assert dev.status.dra_claims == (
+        DraClaim(AllocatedBy("ns", "p", "ctr0"), "c", "ns", "gpu-0-mig-1g5gb-19-0", "n1"),
+    )
+    assert dev.status.allocated_by is None  # a claim names no pod for the default label set
+    del claim["device"]
+    bad = load_yaml(topology_with([held]), "ConfigMap ns/t")
+    assert str(bad.invalid["n1"]) == (
+        "ConfigMap ns/t: nodes.n1.gpus[0].mig-devices[0].status.dra-claims[0].device: is required"
+    )
