@@ -105,11 +105,16 @@ def render(
     layout: str,
     mig_parted_config: str | None = None,
     dra: DraOptions | None = None,
+    claims: list[str] | None = None,
 ) -> int:
     try:
         layouts = read_layouts(mig_parted_config) if mig_parted_config else None
         skipped: list[str] = []
-        objects = [*load_objects(nodes, "Node", skipped), *load_objects(pods, "Pod", skipped)]
+        objects = [
+            *load_objects(nodes, "Node", skipped),
+            *load_objects(pods, "Pod", skipped),
+            *load_objects(claims or [], "ResourceClaim", skipped),
+        ]
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -119,6 +124,7 @@ def render(
         (o for o in objects if o.get("kind") == "Node"),
         (o for o in objects if o.get("kind") == "Pod"),
         layouts,
+        (o for o in objects if o.get("kind") == "ResourceClaim"),
     )
     if dra is not None:  # --resource-slices
         found, problems = dra_slices((o for o in objects if o.get("kind") == "Node"), layouts, dra)
@@ -148,6 +154,13 @@ def parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--nodes", nargs="+", required=True, metavar="PATH", help="Node manifests")
     r.add_argument("--pods", nargs="+", default=[], metavar="PATH", help="Pod manifests")
+    r.add_argument(
+        "--claims",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="allocated DRA ResourceClaims: the devices they hold go to the pods reserving them",
+    )
     r.add_argument(
         "--mig-parted-config",
         metavar="FILE",
@@ -240,7 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "render":
             dra = DraOptions.of(args) if args.resource_slices else None
-            return render(args.nodes, args.pods, args.layout, args.mig_parted_config, dra)
+            return render(
+                args.nodes, args.pods, args.layout, args.mig_parted_config, dra, args.claims
+            )
         from status_updater.daemon import run
 
         return run(

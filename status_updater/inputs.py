@@ -80,13 +80,15 @@ def _objects(
         items = [(where, doc)]
     for at, item in items:
         if not isinstance(item, dict):
-            skipped.append(f"{at}: expected a Node or a Pod, got {kind_of(item)}: skipped")
+            skipped.append(
+                f"{at}: expected a Node, Pod or ResourceClaim, got {kind_of(item)}: skipped"
+            )
             continue
         kind = item.get("kind", default_kind)
         # Kinds are case-sensitive in the API, but what a hand-written `kind: node` means is clear.
         known = KINDS.get(kind.lower()) if isinstance(kind, str) else None
         if known is None:
-            skipped.append(f"{at}: a {kind!r} is neither a Node nor a Pod: skipped")
+            skipped.append(f"{at}: a {kind!r} is no Node, Pod or ResourceClaim: skipped")
             continue
         # The API names every object; one from a file without a name would be rendered as a
         # node (or a pod) named '' or after its YAML.
@@ -98,4 +100,4 @@ def _objects(
         yield item if item.get("kind") == known else {**item, "kind": known}
 
 
-KINDS = {"node": "Node", "pod": "Pod"}
+KINDS = {"node": "Node", "pod": "Pod", "resourceclaim": "ResourceClaim"}

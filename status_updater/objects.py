@@ -183,7 +183,11 @@ def advertised_migs(node: Obj) -> dict[str, str]:
     return {}
 
 
-def slim_pod(pod: Obj) -> dict[str, Any]:
+DRA_KEY = "dra"  # in a slim pod: its DRA devices, joined from its claims (claims.holds)
+
+
+def slim_pod(pod: Obj, dra_holds: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """What placement reads of a pod; `dra_holds`, the DRA devices its claims give it."""
     meta = metadata(pod)
     spec = pod.get("spec")
     spec = spec if isinstance(spec, Mapping) else {}
@@ -197,7 +201,7 @@ def slim_pod(pod: Obj) -> dict[str, Any]:
         limits = resources.get("limits") if isinstance(resources, Mapping) else None
         gpu_limits = {k: v for k, v in strings(limits).items() if is_gpu_resource(k)}
         kept.append({"name": c.get("name"), "resources": {"limits": gpu_limits}})
-    return {
+    slim: dict[str, Any] = {
         "kind": "Pod",
         "metadata": {
             **{k: meta.get(k) for k in ("name", "namespace", "uid", "creationTimestamp")},
@@ -207,6 +211,9 @@ def slim_pod(pod: Obj) -> dict[str, Any]:
         "spec": {"nodeName": spec.get("nodeName"), "containers": kept},
         "status": {"phase": status.get("phase") if isinstance(status, Mapping) else None},
     }
+    if dra_holds:
+        slim[DRA_KEY] = dra_holds
+    return slim
 
 
 # --- pods ----------------------------------------------------------------------------------------
@@ -219,11 +226,20 @@ def may_hold_gpu(pod: Obj) -> bool:
     """
     annotations = strings(metadata(pod).get("annotations"))
     # A request for no device (`0`) holds nothing; any other, odd ones included, is kept: an
-    # odd one to be said.
+    # odd one to be said. A pod naming DRA claims may hold what they are allocated.
     return holds_gpu(pod) and (
         runai.ANNOTATION_POD_MIG_DEVICE in annotations
         or any(device_count(value) != 0 for *_, value in gpu_limits(pod))
+        or asks_for_devices(pod)
+        or DRA_KEY in pod
     )
+
+
+def asks_for_devices(pod: Obj) -> bool:
+    """The pod names DRA claims (whether or not they are allocated yet)."""
+    spec = pod.get("spec")
+    claims = spec.get("resourceClaims") if isinstance(spec, Mapping) else None
+    return isinstance(claims, list) and bool(claims)
 
 
 def pod_node(pod: Obj) -> str | None:

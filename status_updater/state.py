@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from status_updater import claims as dra_claims
 from status_updater.devices import build_node
 from status_updater.ids import claim_ignored, device_ids, id_set, without_id
 from status_updater.objects import (
@@ -354,14 +355,16 @@ class ClusterState:
         nodes: Iterable[Obj],
         pods: Iterable[Obj],
         layouts: migparted.Layouts | None = None,
+        claims: Iterable[Obj] = (),
     ) -> ClusterState:
         """The settled state of these objects as the API or a file shows them (what `render`
-        and the tests start from)."""
+        and the tests start from); `claims`, the DRA ResourceClaims the pods may use."""
         state = cls()
         if layouts is not None:
             state.layouts = layouts
+        allocated = dra_claims.index(claims)
         state.reset_nodes(map(slim_node, nodes))
-        state.reset_pods(map(slim_pod, pods))
+        state.reset_pods(slim_pod(p, dra_claims.holds(p, allocated)) for p in pods)
         state.settle()
         return state
 

@@ -12,8 +12,9 @@ Pure: no I/O.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-from topology.catalog import Profile
+from topology.catalog import GpuModel, Profile
 
 DRIVER = "gpu.nvidia.com"
 GPU_CLASS = "gpu.nvidia.com"  # the DeviceClasses the driver's chart installs
@@ -81,3 +82,30 @@ def version(text: str) -> str:
         raise ValueError(f"expected a version such as 520.56.06, got {text!r}")
     numbers = [int(p) for p in parts] + [0] * (3 - len(parts))
     return ".".join(str(n) for n in numbers)
+
+
+_DEVICE = re.compile(r"gpu-(\d{1,4})(?:-mig-([a-z0-9-]+)-(\d{1,3})-(\d{1,2}))?")
+
+
+@dataclass(frozen=True)
+class DeviceName:
+    """What a device's name says: its GPU, and for a MIG device its profile and placement."""
+
+    minor: int
+    profile: Profile | None = None
+    start: int | None = None
+
+
+def parse_device(name: str, model: GpuModel | None) -> DeviceName | None:
+    """`gpu-1` or `gpu-0-mig-1g5gb-19-2` (the profile being the model's), else None."""
+    m = _DEVICE.fullmatch(name)
+    if m is None:
+        return None
+    minor = int(m[1])
+    if m[2] is None:
+        return DeviceName(minor)
+    start = int(m[4])
+    for profile in model.profiles if model else ():
+        if mig_device(minor, profile, start) == name and start in profile.placements:
+            return DeviceName(minor, profile, start)
+    return None

@@ -20,13 +20,14 @@ from status_updater.objects import (
     pod_uid,
     shown,
 )
-from status_updater.placement import requested, runai, shared, whole
+from status_updater.placement import dra, requested, runai, shared, whole
 from status_updater.placement.board import Board, Policy
 from status_updater.placement.kept import held_devices, held_replicas, named_holders
 from topology.errors import TopologyError
 from topology.model import NodeTopology
 
 POLICIES: tuple[Policy, ...] = (
+    dra.POLICY,  # devices DRA claims were allocated (the scheduler chose them)
     shared.POLICY,  # a node whose devices are shared: replicas, whatever else it is
     requested.POLICY,  # static MIG and whole GPUs: the device plugin's requests
     runai.POLICY,  # run:ai dynamic MIG: the pod's annotation names its instance

@@ -77,9 +77,9 @@ def test_what_is_no_node_or_pod_is_said_and_the_rest_rendered(tmp_path: Path) ->
     got, warnings = render("--nodes", str(odd))
     assert warnings == [
         f"warning: {odd}: document 1: items: expected a list of objects, got int",
-        f"warning: {odd}: document 2: [1]: expected a Node or a Pod, got int: skipped",
-        f"warning: {odd}: document 2: [2]: expected a Node or a Pod, got str: skipped",
-        f"warning: {odd}: document 3: a 'ConfigMap' is neither a Node nor a Pod: skipped",
+        f"warning: {odd}: document 2: [1]: expected a Node, Pod or ResourceClaim, got int: skipped",
+        f"warning: {odd}: document 2: [2]: expected a Node, Pod or ResourceClaim, got str: skipped",
+        f"warning: {odd}: document 3: a 'ConfigMap' is no Node, Pod or ResourceClaim: skipped",
     ]
     assert "topology-k80-a" in got and "topology-k80-b" in got
 

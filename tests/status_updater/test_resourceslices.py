@@ -288,7 +288,7 @@ def test_the_sample_claims_hold_devices_the_sample_nodes_offer() -> None:
     offered: dict[tuple[str, str], dict[str, Any]] = {}
     for node in dra_sample("nodes.yaml"):
         slim = slim_node(node)
-        for s in slices(slim):
+        for s in [*slices(slim), *slices(slim, dynamic=True)]:
             for d in s["spec"].get("devices", []):
                 offered[s["spec"]["pool"]["name"], d["name"]] = d["attributes"]
     pods = {p["metadata"]["name"]: p for p in dra_sample("pods.yaml")}
@@ -309,5 +309,12 @@ def test_the_sample_claims_hold_devices_the_sample_nodes_offer() -> None:
         (reserved,) = claim["status"]["reservedFor"]
         pod = pods[reserved["name"]]
         assert reserved["uid"] == pod["metadata"]["uid"]
-        names = [s["resourceClaimName"] for s in pod["status"]["resourceClaimStatuses"]]
+        names = [
+            s["resourceClaimName"] for s in pod.get("status", {}).get("resourceClaimStatuses", [])
+        ]
+        names += [
+            c["resourceClaimName"]
+            for c in pod["spec"]["resourceClaims"]
+            if "resourceClaimName" in c
+        ]
         assert claim["metadata"]["name"] in names

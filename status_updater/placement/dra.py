@@ -1,0 +1,114 @@
+"""Policy: DRA. A pod's devices are those its claims were allocated (the scheduler chose them
+against the node's ResourceSlices); each container using a claim is one `dra-claims` entry on
+the device it names, as dcgm-exporter's DRA mode labels it.
+
+`gpu-<minor>` is the whole GPU. A static MIG device is the instance at its placement. With dynamic
+MIG the device is a partition: the driver creates its instance when the claim is prepared, so it
+is added here, with the GI id the catalog's rule gives that placement and a `MIG-` id stable for
+node, GPU and GI (and it goes with the claim). A device that is not on the node, or a partition
+over an instance that exists, is the pod's error: it holds nothing.
+"""
+
+from __future__ import annotations
+
+from status_updater.devices import mig_uuid
+from status_updater.objects import DRA_KEY, Obj, names, pod_ref, pod_uid
+from status_updater.placement.board import Board, Policy
+from status_updater.usage import pod_usage
+from topology import dra
+from topology.errors import TopologyError
+from topology.model import AllocatedBy, DeviceStatus, DraClaim, MigDevice
+
+
+def _holds(board: Board, pod: Obj) -> list[dict[str, str]]:
+    found = pod.get(DRA_KEY)
+    return [h for h in found if h.get("pool") == board.name] if isinstance(found, list) else []
+
+
+def applies(board: Board, pod: Obj) -> bool:
+    return bool(_holds(board, pod))
+
+
+# A GPU, and its MIG device: None (the whole GPU), an index, or one to make.
+Target = tuple[int, int | MigDevice | None]
+
+
+def _target(
+    board: Board, name: str, made: list[tuple[int, MigDevice]], obj: str, field: str
+) -> Target:
+    """The board's device the driver's name stands for: (GPU, None) for the whole GPU, (GPU,
+    index) for an instance, (GPU, MigDevice) for a partition whose instance is to be made
+    (`made`: those made for the pod so far)."""
+    parsed = dra.parse_device(name, board.model)
+    if parsed is None or parsed.minor >= len(board.gpus):
+        raise TopologyError(obj, field, f"device {name} is not on node {board.name}: not placed")
+    g = parsed.minor
+    devices = board.migs[g]
+    if parsed.profile is None:
+        if devices is not None:
+            raise TopologyError(obj, field, f"device {name}: GPU {g} has MIG on: not placed")
+        return g, None
+    if devices is None:
+        raise TopologyError(obj, field, f"device {name}: GPU {g} has MIG off: not placed")
+    profile, start = parsed.profile, parsed.start
+    assert start is not None and board.model is not None  # parse_device found both
+    for d, dev in enumerate(devices):
+        if dev.position == start and dev.name == profile.name:
+            return g, d
+    for mg, dev in made:
+        if mg == g and dev.position == start and dev.name == profile.name:
+            return g, dev
+    taken = set(range(start, start + profile.memory_slices))
+    for dev in [*devices, *(m for mg, m in made if mg == g)]:
+        held = board.model.profile(dev.name)
+        size = held.memory_slices if held else 1
+        if taken & set(range(dev.position, dev.position + size)):
+            raise TopologyError(
+                obj, field, f"device {name} overlaps instance {dev.name}@{dev.position}: not placed"
+            )
+    gi = board.model.gpu_instance_id(profile, start)
+    new = MigDevice(profile.name, start, gi, mig_uuid(board.name, g, gi))
+    made.append((g, new))
+    return g, new
+
+
+def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
+    obj, uid = pod_ref(pod), pod_uid(pod)
+    namespace, pod_name = names(pod)
+    made: list[tuple[int, MigDevice]] = []
+    found: list[tuple[Target, DraClaim]] = []
+    for h in _holds(board, pod):  # every device first: a pod that does not fit holds nothing
+        field = f"claims[{h['claim-namespace']}/{h['claim']}]"
+        holder = AllocatedBy(namespace, pod_name, h["container"])
+        claim = DraClaim(holder, h["claim"], h["claim-namespace"], h["device"], h["pool"])
+        found.append((_target(board, h["device"], made, obj, field), claim))
+    index: dict[int, int] = {}  # id() of a made MigDevice -> its index on the board
+    for g, dev in made:
+        devices = board.migs[g]
+        assert devices is not None
+        devices.append(dev)
+        index[id(dev)] = len(devices) - 1
+    claims: dict[tuple[int, int | None], list[DraClaim]] = {}
+    for (g, d), claim in found:
+        key = (g, index[id(d)] if isinstance(d, MigDevice) else d)
+        claims.setdefault(key, []).append(claim)
+    for (g, d), held in claims.items():
+        status = board.status(g, d)
+        devices = board.migs[g]
+        fb_total = (
+            board.mig_fb_total(devices[d].name)
+            if d is not None and devices is not None
+            else board.model.fb_total_mib
+            if board.model
+            else board.node.gpu_memory
+        )
+        usage = dict(status.pod_gpu_usage_status) if status else {}
+        usage[uid] = pod_usage(pod, obj, fb_total, warnings)
+        before = status.dra_claims if status else ()
+        board.set_status(
+            g, d, DeviceStatus(status.allocated_by if status else None, usage,
+                               status.replicas if status else (), (*before, *held))
+        )  # fmt: skip
+
+
+POLICY = Policy("DRA claims", applies, place)

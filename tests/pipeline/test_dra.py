@@ -1,0 +1,107 @@
+"""DRA offline, as the docs walk it: the sample nodes, pods and claims rendered into topologies,
+served by the exporter in DRA mode; one bad claim never harms another."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from status_updater.objects import may_hold_gpu
+from tests.support.base import SAMPLES, run_cli
+from tests.support.promtext import Series, parse
+
+DRA = SAMPLES / "dra"
+
+
+def claims() -> list[dict[str, Any]]:
+    return list(yaml.safe_load_all((DRA / "claims.yaml").read_text()))
+
+
+def render(tmp_path: Path, found: list[dict[str, Any]]) -> tuple[Path, str]:
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump_all(found))
+    done = run_cli("status_updater", "render", "--nodes", str(DRA / "nodes.yaml"),
+                   "--pods", str(DRA / "pods.yaml"), "--claims", str(path))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "topology.yaml"
+    out.write_text(done.stdout)
+    return out, done.stderr
+
+
+def serve(topology: Path) -> list[Series]:
+    done = run_cli("exporter", "--topology-file", str(topology), "--all-nodes", "--once",
+                   "--kubernetes-enable-dra")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [s for s in parse(done.stdout) if s.name == "DCGM_FI_DEV_SM_CLOCK"]
+
+
+def held(series: list[Series]) -> dict[tuple[str, str], dict[str, str]]:
+    """(pod, device) -> the series' labels, for each series a claim holds."""
+    return {
+        (s.label("pod"), s.label("dra_device_name")): dict(s.labels)
+        for s in series
+        if "dra_device_name" in s.label_names
+    }
+
+
+def test_the_samples_claims_are_served_with_their_dra_labels(tmp_path: Path) -> None:
+    topology, stderr = render(tmp_path, claims())
+    assert stderr == ""
+    found = held(serve(topology))
+    assert set(found) == {
+        ("infer-small", "gpu-0-mig-1g5gb-19-2"),
+        ("train-pair", "gpu-1-mig-1g5gb-19-2"),
+        ("train-pair", "gpu-1-mig-1g5gb-19-3"),
+        ("dynamic-infer", "gpu-0-mig-3g40gb-9-4"),
+    }
+    small = found["infer-small", "gpu-0-mig-1g5gb-19-2"]
+    assert small["dra_claim_name"] == "infer-small-mig-7xq2k"
+    assert (small["dra_pool_name"], small["hostname"]) == ("dra-a100", "dra-a100")
+    assert small["dra_mig_profile"] == small["GPU_I_PROFILE"] == "1g.5gb"
+    document = yaml.safe_load(topology.read_text())["items"]
+    nodes = {
+        n: v
+        for cm in document
+        for n, v in yaml.safe_load(cm["data"]["topology.yml"])["nodes"].items()
+    }
+    instance = next(m for m in nodes["dra-a100"]["gpus"][0]["mig-devices"] if m["position"] == 2)
+    assert small["dra_mig_device_uuid"] == instance["id"]
+    # Dynamic MIG: the partition's instance was made for the claim, with the driver's GI id.
+    dynamic = found["dynamic-infer", "gpu-0-mig-3g40gb-9-4"]
+    assert (dynamic["GPU_I_PROFILE"], dynamic["GPU_I_ID"]) == ("3g.40gb", "2")
+    assert dynamic["dra_mig_device_uuid"].startswith("MIG-")
+
+
+def test_a_released_dynamic_claim_takes_its_instance_with_it(tmp_path: Path) -> None:
+    kept = [c for c in claims() if c["metadata"]["name"] != "half-h100"]
+    topology, _ = render(tmp_path, kept)
+    h100 = [s for s in serve(topology) if s.label("hostname") == "dra-h100"]
+    assert h100 and not [s for s in h100 if "GPU_I_PROFILE" in s.label_names]
+
+
+def test_one_bad_claim_never_harms_another(tmp_path: Path) -> None:
+    found = claims()
+    bad = copy.deepcopy(found[0])  # infer-small's claim names a device the node does not have
+    bad["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-7-mig-1g5gb-19-2"
+    topology, stderr = render(tmp_path, [bad, *found[1:]])
+    assert stderr.strip() == (
+        "warning: pod gpu-test/infer-small: claims[gpu-test/infer-small-mig-7xq2k]: device "
+        "gpu-7-mig-1g5gb-19-2 is not on node dra-a100: not placed"
+    )
+    pods = {pod for pod, _ in held(serve(topology))}
+    assert pods == {"train-pair", "dynamic-infer"}
+
+
+def test_a_claim_not_reserved_for_the_pod_gives_it_nothing(tmp_path: Path) -> None:
+    found = claims()
+    found[0]["status"]["reservedFor"][0]["uid"] = "someone-else"
+    topology, _ = render(tmp_path, found)
+    assert "infer-small" not in {pod for pod, _ in held(serve(topology))}
+
+
+def test_a_pod_asking_for_dra_devices_is_never_dropped_as_no_gpu_pod() -> None:
+    for pod in yaml.safe_load_all((DRA / "pods.yaml").read_text()):
+        assert may_hold_gpu(pod), pod["metadata"]["name"]
