@@ -9,11 +9,14 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from status_updater.devices import build_node
 from status_updater.objects import slim_node
 from status_updater.resourceslices import node_slices, quantity, slice_name
-from tests.support.base import SAMPLES, run_cli
+from tests.support.allocator import Allocator
+from tests.support.base import SAMPLES, examples, run_cli
 from topology import dra
 from topology.catalog import MODELS, GpuModel
 
@@ -318,3 +321,51 @@ def test_the_sample_claims_hold_devices_the_sample_nodes_offer() -> None:
             if "resourceClaimName" in c
         ]
         assert claim["metadata"]["name"] in names
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(data=st.data())
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.key)
+def test_what_the_scheduler_allocates_never_overlaps(model: GpuModel, data: st.DataObject) -> None:
+    """Partitions requested in any order, allocated as the scheduler would against the counters:
+    no two allocated instances share a memory slice (by the catalog's geometry, not the
+    counters), and none is allocated beside the whole GPU."""
+    allocator = Allocator(slices(gpu_node("a", product(model), 1, "all-enabled"), dynamic=True))
+    names = [p.name for p in model.profiles]
+    requests = data.draw(st.lists(st.sampled_from([*names, "whole"]), max_size=12))
+    taken: set[int] = set()
+    whole = False
+    for request in requests:
+        device = (
+            allocator.allocate("gpu") if request == "whole" else allocator.allocate("mig", request)
+        )
+        if device is None:
+            continue
+        parsed = dra.parse_device(device["name"], model)
+        assert parsed is not None
+        if parsed.profile is None:
+            assert not taken, "the whole GPU beside a partition"
+            whole = True
+            continue
+        assert not whole, "a partition beside the whole GPU"
+        assert parsed.start is not None
+        held = set(range(parsed.start, parsed.start + parsed.profile.memory_slices))
+        assert not held & taken, f"{device['name']} overlaps {sorted(taken)}"
+        taken |= held
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.key)
+def test_every_device_offered_can_be_allocated_on_an_empty_gpu(model: GpuModel) -> None:
+    offered = slices(gpu_node("a", product(model), 1, "all-enabled"), dynamic=True)
+    for device in devices(offered).values():
+        allocator = Allocator(offered)
+        attributes = device["attributes"]
+        kind = attributes["type"]["string"]
+        profile = attributes.get("profile", {}).get("string")
+        # The first of its kind and profile on an empty GPU: then each placement in turn.
+        allocator.allocated = [
+            d for d in allocator.devices
+            if d["name"] != device["name"] and d["attributes"]["type"]["string"] == kind
+            and d["attributes"].get("profile", {}).get("string") == profile
+        ]  # fmt: skip
+        assert allocator.allocate(kind, profile) == device, device["name"]
