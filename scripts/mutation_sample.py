@@ -99,8 +99,9 @@ class Suite:
         return cls(files, options, _reaching(mutants / "mutmut-stats.json", files))
 
     def ordered_for(self, name: str) -> list[str]:
-        """The files whose tests mutmut saw reach the mutant's function, then those named after
-        its module, then those that name its function (or its class), then the broad ones, then
+        """The files named after the mutant's module (where its newest tests are: mutmut's stats
+        know only the tests of its own run), then those whose tests mutmut saw reach its
+        function, then those that name its function (or its class), then the broad ones, then
         the rest. One by one: given a directory too, pytest runs its files in name order,
         whatever came first on the command line."""
         parts = name.split(".")
@@ -113,7 +114,7 @@ class Suite:
         named = [f for f in self.files if module and module in f.rsplit("/test_", 1)[1]]
         naming = [f for f, text in self.files.items() if word and word in text]
         broad = [t for t in BROAD if t in self.files]
-        return list(dict.fromkeys([*reaching, *named, *naming, *broad, *self.files]))
+        return list(dict.fromkeys([*named, *reaching, *naming, *broad, *self.files]))
 
 
 def _reaching(stats: Path, files: dict[str, str]) -> dict[str, list[str]]:
