@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import ssl
 import threading
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -17,7 +16,6 @@ from pathlib import Path
 
 import pynvml
 import pytest
-import trustme
 
 from exporter import cli, dcgm
 from exporter.collector import DEFAULT_INTERVAL_MS
@@ -26,6 +24,7 @@ from tests.support.base import SAMPLES
 from tests.support.fakenvml import FakeNvml, h100_mixed
 from tests.support.kubeapi import KubeAPI, eventually
 from tests.support.promtext import parse
+from tests.support.tls import serving_tls
 from topology.configmap import configmap, node_configmap
 
 TOPOLOGY = SAMPLES / "topology" / "a100-40gb-active.yaml"
@@ -226,14 +225,7 @@ def test_the_start_line_reaches_stderr_and_says_https_under_tls(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """What an operator reads in `kubectl logs` first: where it serves, and how."""
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "server.pem"))
-    cert.private_key_pem.write_to_path(str(tmp_path / "server.key"))
-    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    web = tmp_path / "web.yml"
-    web.write_text("tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n")
-    context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+    web, context = serving_tls(tmp_path)
     port = free_port()
 
     def health() -> int:

@@ -16,12 +16,12 @@ from contextlib import contextmanager, suppress
 from typing import cast
 
 import pytest
-import trustme
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.base import examples
 from tests.support.kubeapi import eventually
+from tests.support.tls import serving_tls
 from web.config import WebConfig, load
 from web.server import (
     CONTENT_TYPE,
@@ -56,15 +56,8 @@ def serving(
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[WebConfig, ssl.SSLContext]:
     """A web config that turns TLS on, and a client context that trusts its certificate."""
-    directory = tmp_path_factory.mktemp("tls")
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    cert.cert_chain_pems[0].write_to_path(str(directory / "server.pem"))
-    cert.private_key_pem.write_to_path(str(directory / "server.key"))
-    ca.cert_pem.write_to_path(str(directory / "ca.pem"))
-    config = directory / "web.yml"
-    config.write_text("tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n")
-    return load(config), ssl.create_default_context(cafile=str(directory / "ca.pem"))
+    config, context = serving_tls(tmp_path_factory.mktemp("tls"))
+    return load(config), context
 
 
 def connect(
