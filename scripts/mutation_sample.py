@@ -135,7 +135,9 @@ def _reaching(stats: Path, files: dict[str, str]) -> dict[str, list[str]]:
     return out
 
 
-_SUMMARY = re.compile(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$")
+# pytest's short summary: `FAILED tests/x.py::test_y[a b] - AssertionError: ...` (ids may hold
+# blanks); not the `ERROR    logger:file.py:1 ...` lines of captured logs.
+_SUMMARY = re.compile(r"^(?:FAILED|ERROR) (tests/\S.*?)(?: - .*)?$")
 
 
 def rejudge(root: Path, suite: Suite, name: str, seconds: float) -> tuple[str, str | None]:
@@ -166,7 +168,6 @@ def rejudge(root: Path, suite: Suite, name: str, seconds: float) -> tuple[str, s
         summary = out.read()
     if run.returncode == 0:
         return "survived", None
-    # `FAILED tests/x.py::test_y[a b] - AssertionError: ...`: ids may hold blanks.
     failed = [m[1] for line in summary.splitlines() if (m := _SUMMARY.match(line))]
     return "killed", failed[0] if failed else "?"
 
