@@ -480,3 +480,24 @@ def test_a_mig_device_annotation_that_is_no_string_is_said_even_when_empty(value
     assert [str(w) for w in state.all_warnings()] == [
         f"pod ns/odd: metadata.annotations[runai-mig-device]: expected a string, got {value!r}"
     ]
+
+
+def test_a_pod_placement_breaks_on_is_one_warning_and_the_others_are_placed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The last guard: a bug a pod's odd shape sets off never stops the other pods."""
+    from status_updater import placement
+    from status_updater.placement.board import Board, Policy
+    from status_updater.reconcile import reconcile_node
+    from topology.errors import TopologyError
+
+    def breaks(board: Board, pod: dict[str, Any], warnings: list[TopologyError]) -> None:
+        raise RuntimeError("boom")
+
+    odd = Policy("breaks", lambda board, pod: pod["metadata"]["name"] == "odd", breaks)
+    monkeypatch.setattr(placement, "POLICIES", (odd, *placement.POLICIES))
+    pods = [slim_pod(gpu_pod(n, "k80", 1, "2026-01-01T00:00:00Z")) for n in ("odd", "fine")]
+    result, warnings = reconcile_node(slim_node(whole_gpu_node("k80")), pods)
+    assert [str(w) for w in warnings] == ["pod ns/odd: ?: cannot be read: RuntimeError: boom"]
+    held = [g.status.allocated_by.pod for g in result.gpus if g.status and g.status.allocated_by]
+    assert held == ["fine"]

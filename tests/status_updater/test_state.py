@@ -351,3 +351,25 @@ def test_a_node_without_a_creation_time_is_the_newest_where_ids_clash() -> None:
         assert str(bad.reason).startswith(
             "node a: gpus[0].mig-devices[0].id: duplicate id MIG-a-0-0 (also node b)"
         )
+
+
+def test_a_pod_that_finishes_gives_its_device_back() -> None:
+    state = ClusterState.of([node("a")], [pod("p1", "a", 0, 0)])
+    held = [d for g in state.results["a"].gpus for d in g.mig_devices or () if d.status]
+    assert held and held[0].status is not None and held[0].status.allocated_by is not None
+    state.set_pod(slim_pod(pod("p1", "a", 0, 0, phase="Succeeded")))
+    state.settle()
+    assert state.pods.get("a", {}) == {}
+    result = state.results["a"]
+    assert isinstance(result, NodeTopology)
+    assert not [d for g in result.gpus for d in g.mig_devices or () if d.status]
+
+
+@pytest.mark.parametrize("containers", [None, "main", {"name": "main"}, 7])
+def test_a_pod_whose_containers_are_no_list_holds_no_gpu(containers: object) -> None:
+    """A hostile pod at the edge: asked before it is slimmed, never a crash of the watch."""
+    from status_updater.objects import may_hold_gpu
+
+    raw = {"metadata": {"name": "x", "namespace": "ns"}, "status": {"phase": "Running"},
+           "spec": {"nodeName": "a", "containers": containers}}  # fmt: skip
+    assert may_hold_gpu(raw) is False

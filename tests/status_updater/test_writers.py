@@ -7,6 +7,7 @@ import copy
 import datetime as dt
 import json
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -447,3 +448,21 @@ def test_per_node_creates_again_a_configmap_deleted_before_the_watch_said_so() -
     writer.sync(state_with(), {"k80"}, full=False)  # the pod ended: a new document
     assert [verb for verb, _, _ in core.calls] == ["create", "patch", "read", "create"]
     assert load_yaml(core.cms[name]["data"]["topology.yml"]).nodes["k80"].gpus[0].status is None
+
+
+def test_after_release_the_elector_never_takes_the_lease_again() -> None:
+    """SIGTERM: the lease is let go for a standby; the loop still running must not renew it."""
+    api = FakeLeases()
+    with freeze_time("2026-01-01T00:00:00Z"):
+        me = LeaderElector(api, "lease", NS, "me")  # type: ignore[arg-type]
+        assert me.try_acquire_or_renew()
+        me._set(True)
+        me.release()
+        stop = threading.Event()
+        loop = threading.Thread(target=me.run, args=(stop,), daemon=True)
+        loop.start()
+        loop.join(timeout=5)  # returns at once: released
+        stop.set()
+        assert not loop.is_alive(), "the elector kept running after release"
+        assert api.lease is not None and api.lease.spec is not None
+        assert api.lease.spec.holder_identity is None and not me.is_leader()
