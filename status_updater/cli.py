@@ -152,6 +152,18 @@ def parser() -> argparse.ArgumentParser:
         "read from YAML/JSON files or directories: a List of topology-<node> ConfigMaps, or with "
         "--layout single the one ConfigMap TOPOLOGY_CM_NAME.",
     )
+    _render_arguments(r)
+    live = sub.add_parser(
+        "run",
+        help="keep the topology ConfigMaps up to date from the cluster",
+        description="Watch Nodes and Pods and keep the topology ConfigMaps in "
+        "TOPOLOGY_CM_NAMESPACE up to date. Replicas elect one writer with a Lease.",
+    )
+    _run_arguments(live)
+    return p
+
+
+def _render_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("--nodes", nargs="+", required=True, metavar="PATH", help="Node manifests")
     r.add_argument("--pods", nargs="+", default=[], metavar="PATH", help="Pod manifests")
     r.add_argument(
@@ -174,12 +186,9 @@ def parser() -> argparse.ArgumentParser:
         help="print the ResourceSlices the NVIDIA DRA driver would publish on the nodes instead",
     )
     add_dra_arguments(r)
-    live = sub.add_parser(
-        "run",
-        help="keep the topology ConfigMaps up to date from the cluster",
-        description="Watch Nodes and Pods and keep the topology ConfigMaps in "
-        "TOPOLOGY_CM_NAMESPACE up to date. Replicas elect one writer with a Lease.",
-    )
+
+
+def _run_arguments(live: argparse.ArgumentParser) -> None:
     add_layout_argument(live)
     live.add_argument(
         "--kubeconfig",
@@ -224,7 +233,6 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("METRICS_ADDRESS") or "0.0.0.0",
         help="listen address for --metrics-port (env METRICS_ADDRESS, default %(default)s)",
     )
-    return p
 
 
 def _seconds(text: str) -> float:

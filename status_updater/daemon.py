@@ -82,18 +82,9 @@ def run(
     for t in threads:
         t.start()
     log.info("running as %s: %s layout, %s, lease %s", identity, layout, writer.what, lease_name)
-    while True:
-        # Each loop outlives API trouble; one that ended anyway would leave the updater writing
-        # from a frozen view (or not at all) while it looks alive. Exit: the kubelet restarts it.
-        dead = [t.name for t in threads if not t.is_alive()]
-        published.publish(_health(controller, elector.is_leader(), dead))
-        if stop.wait(WATCHDOG_S):
-            break
-        if dead:
-            log.error("the %s thread stopped; exiting to be restarted", ", ".join(dead))
-            stop.set()  # the other loops end too
-            elector.release()
-            return EXIT_INTERNAL
+    code = _supervise(threads, controller, elector, published, stop)
+    if code != EXIT_OK:
+        return code
     # SIGTERM: a write in flight gets a moment to land (a PATCH lands whole or not at all), then
     # the Lease is released so a standby takes over at once. Watches are daemon threads.
     writer_thread.join(timeout=1.0)
@@ -101,6 +92,28 @@ def run(
     if server is not None:
         server.stop()
     return EXIT_OK
+
+
+def _supervise(
+    threads: tuple[threading.Thread, ...],
+    controller: Controller,
+    elector: LeaderElector,
+    published: Published,
+    stop: threading.Event,
+) -> int:
+    """Publish health until SIGTERM (EXIT_OK), or until a loop stops (EXIT_INTERNAL)."""
+    while True:
+        # Each loop outlives API trouble; one that ended anyway would leave the updater writing
+        # from a frozen view (or not at all) while it looks alive. Exit: the kubelet restarts it.
+        dead = [t.name for t in threads if not t.is_alive()]
+        published.publish(_health(controller, elector.is_leader(), dead))
+        if stop.wait(WATCHDOG_S):
+            return EXIT_OK
+        if dead:
+            log.error("the %s thread stopped; exiting to be restarted", ", ".join(dead))
+            stop.set()  # the other loops end too
+            elector.release()
+            return EXIT_INTERNAL
 
 
 def _health(controller: Controller, leader: bool, dead: list[str]) -> Snapshot:
