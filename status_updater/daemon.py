@@ -39,23 +39,10 @@ def run(
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    namespace = topology_namespace()
-    core = kubernetes.client.CoreV1Api(client)
-    writer: Writer = (
-        SingleWriter(core, topology_name(), namespace)
-        if layout == "single"
-        else PerNodeWriter(core, namespace)
+    writer, controller, elector = _components(
+        client, layout, lease_name, identity, resync_s, mig_parted_config
     )
     stop = threading.Event()
-    controller = Controller(core, writer, resync_s=resync_s, mig_parted_config=mig_parted_config)
-    elector = LeaderElector(
-        kubernetes.client.CoordinationV1Api(client),
-        lease_name,
-        namespace,
-        identity,
-        controller.became_leader,
-    )
-    controller.is_leader = elector.is_leader
 
     def shutdown(*_: object) -> None:
         stop.set()
@@ -92,6 +79,34 @@ def run(
     if server is not None:
         server.stop()
     return EXIT_OK
+
+
+def _components(
+    client: kubernetes.client.ApiClient,
+    layout: str,
+    lease_name: str,
+    identity: str,
+    resync_s: float,
+    mig_parted_config: str,
+) -> tuple[Writer, Controller, LeaderElector]:
+    """The layout's writer, the controller feeding it, and the Lease that says who writes."""
+    namespace = topology_namespace()
+    core = kubernetes.client.CoreV1Api(client)
+    writer: Writer = (
+        SingleWriter(core, topology_name(), namespace)
+        if layout == "single"
+        else PerNodeWriter(core, namespace)
+    )
+    controller = Controller(core, writer, resync_s=resync_s, mig_parted_config=mig_parted_config)
+    elector = LeaderElector(
+        kubernetes.client.CoordinationV1Api(client),
+        lease_name,
+        namespace,
+        identity,
+        controller.became_leader,
+    )
+    controller.is_leader = elector.is_leader
+    return writer, controller, elector
 
 
 def _supervise(
