@@ -373,3 +373,18 @@ def test_a_pod_whose_containers_are_no_list_holds_no_gpu(containers: object) -> 
     raw = {"metadata": {"name": "x", "namespace": "ns"}, "status": {"phase": "Running"},
            "spec": {"nodeName": "a", "containers": containers}}  # fmt: skip
     assert may_hold_gpu(raw) is False
+
+
+def test_a_pod_seen_again_on_another_node_leaves_the_first() -> None:
+    """Its delete missed (a watch gap), a pod of the same name comes back on another node: the
+    first node's device is free again, not held by a ghost."""
+    state = ClusterState.of([node("a"), node("b")], [pod("p1", "a", 0, 0)])
+    state.set_pod(slim_pod(pod("p1", "b", 0, 0)))
+    state.settle()
+    holders = {
+        name: [d.status.allocated_by.pod for g in result.gpus for d in g.mig_devices or ()
+               if d.status and d.status.allocated_by]
+        for name, result in state.results.items()
+        if isinstance(result, NodeTopology)
+    }  # fmt: skip
+    assert holders == {"a": [], "b": ["p1"]}
