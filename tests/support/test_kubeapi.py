@@ -14,9 +14,14 @@ from typing import Any
 
 import pytest
 import urllib3.exceptions
+import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
+from status_updater.devices import build_node
+from status_updater.objects import slim_node
+from status_updater.resourceslices import node_slices
+from tests.support.base import SAMPLES
 from tests.support.kubeapi import KubeAPI, eventually
 
 NS = "mig-system"
@@ -399,3 +404,34 @@ def test_plain_kmocks_placeholder_is_no_resource_version() -> None:
     assert usable_version(None) is None
     assert usable_version(42) is None  # not a string: not from an API server
     assert usable_version("1234") == "1234"
+
+
+def test_dra_resources_are_served_to_the_official_client(
+    kube: KubeAPI, api: client.ApiClient
+) -> None:
+    """resource.k8s.io/v1: the sample's slices, claims and the driver's DeviceClasses, listed and
+    watched as the DRA mode will, with field selectors on the slices' node."""
+    resource = client.ResourceV1Api(api)
+    assert resource.list_resource_slice().items == []  # declared: an empty list, not a 404
+    nodes = list(yaml.safe_load_all((SAMPLES / "dra" / "nodes.yaml").read_text()))
+    for node in nodes:
+        slim = slim_node(node)
+        for s in node_slices(slim, build_node(slim), dynamic=True):
+            resource.create_resource_slice(s)
+    for claim in yaml.safe_load_all((SAMPLES / "dra" / "claims.yaml").read_text()):
+        resource.create_namespaced_resource_claim("gpu-test", claim)
+    resource.create_device_class(
+        {"metadata": {"name": "mig.nvidia.com"}, "spec": {"selectors": [{"cel": {"expression":
+         "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"}}]}}
+    )  # fmt: skip
+    on_h100 = resource.list_resource_slice(field_selector="spec.nodeName=dra-h100").items
+    assert {s.spec.node_name for s in on_h100} == {"dra-h100"} and len(on_h100) == 2
+    assert on_h100[0].spec.shared_counters[0].name == "gpu-0-counter-set"
+    claims = resource.list_namespaced_resource_claim("gpu-test").items
+    results = {r.device for c in claims for r in c.status.allocation.devices.results}
+    assert "gpu-0-mig-3g40gb-9-4" in results
+    assert resource.read_device_class("mig.nvidia.com").metadata.name == "mig.nvidia.com"
+    stream = watch.Watch().stream(resource.list_resource_slice, timeout_seconds=1)
+    assert len({e["object"].metadata.name for e in stream}) == len(
+        resource.list_resource_slice().items
+    )
