@@ -11,7 +11,7 @@ import yaml
 
 from status_updater.objects import may_hold_gpu
 from tests.support.base import SAMPLES, run_cli
-from tests.support.promtext import Series, parse
+from tests.support.promtext import Series, duplicates, parse, promtool_findings
 
 DRA = SAMPLES / "dra"
 
@@ -32,10 +32,15 @@ def render(tmp_path: Path, found: list[dict[str, Any]]) -> tuple[Path, str]:
 
 
 def serve(topology: Path) -> list[Series]:
+    """The DRA-mode series (one field's), from an exposition promtool and the duplicate check pass:
+    each holder's copy is its own series."""
     done = run_cli("exporter", "--topology-file", str(topology), "--all-nodes", "--once",
                    "--kubernetes-enable-dra")  # fmt: skip
     assert done.returncode == 0, done.stderr
-    return [s for s in parse(done.stdout) if s.name == "DCGM_FI_DEV_SM_CLOCK"]
+    assert promtool_findings(done.stdout) == []
+    series = parse(done.stdout)
+    assert duplicates(series) == []
+    return [s for s in series if s.name == "DCGM_FI_DEV_SM_CLOCK"]
 
 
 def held(series: list[Series]) -> dict[tuple[str, str], dict[str, str]]:
