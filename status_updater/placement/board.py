@@ -86,8 +86,7 @@ class Board:
         """Whole GPUs `indices` held by the pod's `allocated_by` container."""
         if not indices:
             return
-        fb_total = self.model.fb_total_mib if self.model else self.node.gpu_memory
-        usage = pod_usage(pod, obj, fb_total, warnings)
+        usage = pod_usage(pod, obj, self.fb_total(indices[0], None), warnings)
         for i in indices:
             gpu = self.gpus[i]
             self.gpus[i] = Gpu(gpu.id, DeviceStatus(allocated_by, {uid: usage}), gpu.mig_devices)
@@ -105,6 +104,15 @@ class Board:
 
     def status(self, g: int, d: int | None) -> DeviceStatus | None:
         return self.gpus[g].status if d is None else (self.migs[g] or [])[d].status
+
+    def fb_total(self, g: int, d: int | None) -> int:
+        """Device (g, d)'s memory in MiB as DCGM totals it (d None: the whole GPU; a GPU the
+        catalog does not know: the node's memory label)."""
+        if d is None:
+            return self.model.fb_total_mib if self.model else self.node.gpu_memory
+        devices = self.migs[g]
+        assert devices is not None
+        return self.mig_fb_total(devices[d].name)
 
     def mig_fb_total(self, profile_name: str) -> int:
         """A MIG instance's memory in MiB (0 for a profile the catalog does not know)."""

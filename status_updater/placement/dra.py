@@ -82,28 +82,20 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
         holder = AllocatedBy(namespace, pod_name, h["container"])
         claim = DraClaim(holder, h["claim"], h["claim-namespace"], h["device"], h["pool"])
         found.append((_target(board, h["device"], made, obj, field), claim))
-    index: dict[int, int] = {}  # id() of a made MigDevice -> its index on the board
+    made_at: dict[tuple[int, int], int] = {}  # (GPU, start) of a made instance -> its index
     for g, dev in made:
         devices = board.migs[g]
         assert devices is not None
         devices.append(dev)
-        index[id(dev)] = len(devices) - 1
+        made_at[g, dev.position] = len(devices) - 1
     claims: dict[tuple[int, int | None], list[DraClaim]] = {}
     for (g, d), claim in found:
-        key = (g, index[id(d)] if isinstance(d, MigDevice) else d)
+        key = (g, made_at[g, d.position] if isinstance(d, MigDevice) else d)
         claims.setdefault(key, []).append(claim)
     for (g, d), held in claims.items():
         status = board.status(g, d)
-        devices = board.migs[g]
-        fb_total = (
-            board.mig_fb_total(devices[d].name)
-            if d is not None and devices is not None
-            else board.model.fb_total_mib
-            if board.model
-            else board.node.gpu_memory
-        )
         usage = dict(status.pod_gpu_usage_status) if status else {}
-        usage[uid] = pod_usage(pod, obj, fb_total, warnings)
+        usage[uid] = pod_usage(pod, obj, board.fb_total(g, d), warnings)
         before = status.dra_claims if status else ()
         board.set_status(
             g, d, DeviceStatus(status.allocated_by if status else None, usage,

@@ -125,12 +125,7 @@ def _replica_memory(board: Board, g: int, d: int | None) -> tuple[int, int]:
     pinned memory limit); the share is total / replicas either way."""
     sharing = board.node.sharing
     assert sharing is not None
-    if d is None:
-        total = board.model.fb_total_mib if board.model else board.node.gpu_memory
-    else:
-        devices = board.migs[g]
-        assert devices is not None
-        total = board.mig_fb_total(devices[d].name)
+    total = board.fb_total(g, d)
     share = total // sharing.replicas
     return (share if sharing.strategy == "mps" else total), share
 
