@@ -24,7 +24,6 @@ Pure: no I/O.
 from __future__ import annotations
 
 import copy
-import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,18 +31,16 @@ from typing import Any
 from status_updater.objects import Obj, metadata, node_name, node_uid, strings
 from topology import dra
 from topology.catalog import Engines, GpuModel, Profile, model_for_product, nvml_model_name
-from topology.configmap import LABEL_MANAGED_BY, MANAGER
+from topology.configmap import LABEL_MANAGED_BY, MANAGER, node_object_name
 from topology.errors import TopologyError
 from topology.model import Gpu, NodeTopology
 
 API_VERSION = "resource.k8s.io/v1"
-MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGER}"
 MAX_DEVICES = 64  # per slice whose devices consume counters (128 otherwise)
 MAX_COUNTER_SETS = 8  # per slice
 
 
 _UNITS = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
-_NAME_MAX = 253
 _MIB = 2**20
 
 
@@ -193,16 +190,15 @@ def _static_devices(
         yield _mig(parent, profile, m.position, m.id)
 
 
-def _dynamic_devices(parent: _Parent, model: GpuModel) -> Iterator[dict[str, Any]]:
+def _dynamic_devices(
+    parent: _Parent, model: GpuModel, maxima: Mapping[str, int], everything: Mapping[str, int]
+) -> Iterator[dict[str, Any]]:
+    """Every partition of the GPU; `maxima` and `everything`, its whole's capacity and counters."""
     if model.architecture != "Ampere":  # Hopper and newer can be handed out whole with MIG on
-        maxima = _maxima(model)
         whole = _whole(parent, 0)
         whole["capacity"] = _values(maxima)
         whole["consumesCounters"] = [
-            {
-                "counterSet": dra.counter_set(parent.index),
-                "counters": _values(_counters(maxima, 0, model.memory_slots)),
-            }
+            {"counterSet": dra.counter_set(parent.index), "counters": _values(everything)}
         ]
         yield whole
     for profile in model.profiles:
@@ -211,13 +207,9 @@ def _dynamic_devices(parent: _Parent, model: GpuModel) -> Iterator[dict[str, Any
 
 
 def slice_name(node: str, index: int) -> str:
-    """`00000-gpu.nvidia.com-<node>`, or with as much of the node as fits and a hash."""
-    prefix = f"{index:05x}-{dra.DRIVER}-"
-    name = prefix + node
-    if len(name) <= _NAME_MAX:
-        return name
-    digest = hashlib.sha256(node.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-    return f"{prefix}{node[: _NAME_MAX - len(prefix) - 11].rstrip('-.')}-{digest}"
+    """`00000-gpu.nvidia.com-<node>`, or with as much of the node as fits and a hash, as a
+    node's ConfigMap is named."""
+    return node_object_name(f"{index:05x}-{dra.DRIVER}-", node)
 
 
 def node_slices(
@@ -233,16 +225,17 @@ def node_slices(
     counter_sets: list[dict[str, Any]] = []
     groups: list[list[dict[str, Any]]] = []
     if dynamic and model is not None:
+        maxima = _maxima(model)
+        everything = _counters(maxima, 0, model.memory_slots)  # a GPU's counter set
         for parent, gpu in zip(parents, topology.gpus, strict=True):
             if gpu.mig_devices is None:
                 groups.append([_whole(parent, topology.gpu_memory)])
                 continue
-            maxima = _maxima(model)
-            counters = _counters(maxima, 0, model.memory_slots)
             counter_sets.append(
-                {"name": dra.counter_set(parent.index), "counters": _values(counters)}
+                {"name": dra.counter_set(parent.index), "counters": _values(everything)}
             )
-            groups.append(sorted(_dynamic_devices(parent, model), key=lambda d: str(d["name"])))
+            partitions = _dynamic_devices(parent, model, maxima, everything)
+            groups.append(sorted(partitions, key=lambda d: str(d["name"])))
     else:
         devices = [
             d

@@ -58,15 +58,21 @@ def _digest(node: str) -> str:
 
 def node_configmap_name(node: str) -> str:
     """`topology-<node>`, or `topology-<as much as fits>-<hash>` when that is not a valid name."""
-    name = NODE_PREFIX + node
+    return node_object_name(NODE_PREFIX, node)
+
+
+def node_object_name(prefix: str, node: str) -> str:
+    """`<prefix><node>` (a prefix ending in `-`), or `<prefix><as much as fits>-<hash>` when that
+    is not a valid object name: the name of an object a node has one of."""
+    name = prefix + node
     if len(name) <= _NAME_MAX and _SUBDOMAIN.fullmatch(name):
         return name
     # Lower-case, anything else becomes '-', and every dot-separated part starts and ends
     # alphanumeric, so that prefix + part + '-' + hash is a DNS subdomain.
     parts = (re.sub(r"[^a-z0-9-]", "-", p.lower()).strip("-") for p in node.split("."))
-    kept = ".".join(p for p in parts if p)[: _NAME_MAX - len(NODE_PREFIX) - _HASH_LEN - 1]
+    kept = ".".join(p for p in parts if p)[: _NAME_MAX - len(prefix) - _HASH_LEN - 1]
     kept = kept.rstrip("-.")
-    return f"{NODE_PREFIX}{kept}{'-' if kept else ''}{_digest(node)}"
+    return f"{prefix}{kept}{'-' if kept else ''}{_digest(node)}"
 
 
 def node_label_value(node: str) -> str:

@@ -3,6 +3,7 @@ Kubernetes schema."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -214,10 +215,16 @@ def test_quantities_are_canonical_binary_si() -> None:
     ]  # fmt: skip
 
 
-def test_a_long_node_name_still_gives_a_valid_slice_name() -> None:
-    name = slice_name("n" * 250, 3)
-    assert len(name) <= 253 and name.startswith("00003-gpu.nvidia.com-nnn")
-    assert slice_name("n" * 250, 3) != slice_name("n" * 249, 3)
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+@pytest.mark.parametrize("node", ["n" * 250, "GPU_Node.Upper", "..", "node-a"])
+def test_every_node_name_gives_a_valid_slice_name(node: str) -> None:
+    """As long as a node's name may be, and what a file may hold that the API would not."""
+    name = slice_name(node, 3)
+    assert len(name) <= 253 and _SUBDOMAIN.fullmatch(name) and name.startswith("00003-gpu.")
+    assert name != slice_name(node + "x", 3)
+    assert slice_name("node-a", 0) == "00000-gpu.nvidia.com-node-a"
 
 
 def render_slices(*args: str, env: dict[str, str] | None = None) -> tuple[list[Any], str]:
