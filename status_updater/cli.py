@@ -88,8 +88,9 @@ def dra_slices(
     and a line for each node that has none."""
     items: list[dict[str, Any]] = []
     problems: list[str] = []
+    selects = dra.selector()
     for node in sorted(nodes, key=node_name):
-        if not is_gpu_node(node) or not dra.selects(strings(metadata(node).get("labels"))):
+        if not is_gpu_node(node) or not selects(strings(metadata(node).get("labels"))):
             continue
         slim = slim_node(node)
         try:
@@ -120,18 +121,18 @@ def render(
         return EXIT_USAGE
     for line in skipped:
         print(f"warning: {line}", file=sys.stderr)
+    if dra is not None:  # --resource-slices: the nodes' devices only, no pods placed
+        found, problems = dra_slices((o for o in objects if o.get("kind") == "Node"), layouts, dra)
+        for line in problems:
+            print(f"warning: {line}", file=sys.stderr)
+        sys.stdout.write(dump_object(found))
+        return EXIT_OK
     state = ClusterState.of(
         (o for o in objects if o.get("kind") == "Node"),
         (o for o in objects if o.get("kind") == "Pod"),
         layouts,
         (o for o in objects if o.get("kind") == "ResourceClaim"),
     )
-    if dra is not None:  # --resource-slices
-        found, problems = dra_slices((o for o in objects if o.get("kind") == "Node"), layouts, dra)
-        for line in problems:
-            print(f"warning: {line}", file=sys.stderr)
-        sys.stdout.write(dump_object(found))
-        return EXIT_OK
     for w in state.all_warnings():
         print(f"warning: {w}", file=sys.stderr)
     sys.stdout.write(dump_object(configmaps(state, layout, topology_namespace())))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kube import selectors
@@ -42,12 +41,13 @@ def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True)
 class DraOptions:
-    selector: str  # "" selects every GPU node
+    selector_text: str  # "" selects every GPU node
     dynamic_mig: bool = False
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> DraOptions:
         return cls(args.dra_node_selector or "", args.dra_dynamic_mig)
 
-    def selects(self, labels: Mapping[str, str]) -> bool:
-        return selectors.parse(self.selector)(labels)
+    def selector(self) -> selectors.Selector:
+        """Whether a node's labels are selected (parsed once: the flag was checked already)."""
+        return selectors.parse(self.selector_text)
