@@ -3,15 +3,20 @@ served by the exporter in DRA mode; one bad claim never harms another."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from pathlib import Path
 from typing import Any
 
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from status_updater.objects import may_hold_gpu
-from tests.support.base import SAMPLES, run_cli
+from status_updater.state import ClusterState
+from tests.support.base import SAMPLES, examples, run_cli
 from tests.support.promtext import Series, duplicates, parse, promtool_findings
+from topology.model import NodeTopology
 
 DRA = SAMPLES / "dra"
 
@@ -110,3 +115,59 @@ def test_a_claim_not_reserved_for_the_pod_gives_it_nothing(tmp_path: Path) -> No
 def test_a_pod_asking_for_dra_devices_is_never_dropped_as_no_gpu_pod() -> None:
     for pod in yaml.safe_load_all((DRA / "pods.yaml").read_text()):
         assert may_hold_gpu(pod), pod["metadata"]["name"]
+
+
+_JUNK = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=12)
+    | st.sampled_from(["gpu-0", "gpu-0-mig-1g5gb-19-2", "gpu-9-mig-7g40gb-0-0", "dra-a100", "pods"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)  # fmt: skip
+# Where a hostile or broken claim differs from a good one: any part of what is read of it.
+_PLACES = [
+    ("metadata",), ("metadata", "name"), ("metadata", "namespace"), ("status",),
+    ("status", "allocation"), ("status", "allocation", "devices"),
+    ("status", "allocation", "devices", "results"),
+    ("status", "allocation", "devices", "results", 0),
+    ("status", "allocation", "devices", "results", 0, "device"),
+    ("status", "allocation", "devices", "results", 0, "pool"),
+    ("status", "allocation", "devices", "results", 0, "driver"),
+    ("status", "allocation", "devices", "results", 0, "request"),
+    ("status", "reservedFor"), ("status", "reservedFor", 0), ("status", "reservedFor", 0, "uid"),
+]  # fmt: skip
+
+
+def _set(obj: Any, path: tuple[Any, ...], value: object) -> None:
+    for key in path[:-1]:
+        obj = obj[key]
+    obj[path[-1]] = value
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_PLACES), _JUNK), min_size=1, max_size=3))
+def test_a_broken_claim_never_harms_the_others(
+    changes: list[tuple[tuple[Any, ...], object]],
+) -> None:
+    """infer-small's claim broken anywhere, any way: nothing crashes, every problem is a warning,
+    and the other pods still hold what their claims give them."""
+    found = claims()
+    bad = copy.deepcopy(found[0])
+    for path, value in changes:
+        # An earlier change may have made that place unreachable.
+        with contextlib.suppress(KeyError, IndexError, TypeError):
+            _set(bad, path, value)
+    nodes = list(yaml.safe_load_all((DRA / "nodes.yaml").read_text()))
+    pods = list(yaml.safe_load_all((DRA / "pods.yaml").read_text()))
+    state = ClusterState.of(nodes, pods, None, [bad, *found[1:]])
+    assert all("\n" not in str(w) for w in state.all_warnings())
+    held = {
+        (c.holder.pod, c.device)
+        for result in state.results.values()
+        if isinstance(result, NodeTopology)
+        for g in result.gpus
+        for d in (g, *(g.mig_devices or ()))
+        if d.status
+        for c in d.status.dra_claims
+    }
+    assert {("train-pair", "gpu-1-mig-1g5gb-19-2"), ("train-pair", "gpu-1-mig-1g5gb-19-3"),
+            ("dynamic-infer", "gpu-0-mig-3g40gb-9-4")} <= held  # fmt: skip
