@@ -80,10 +80,18 @@ EXPORTER_VERSIONS = ("default", "4.8")
 
 
 def gpu_labels(
-    options: Options, index: int, uuid: str, minor: int, model: str, bus: str, fields: Labels
+    options: Options,
+    index: int,
+    uuid: str,
+    minor: int,
+    model: str,
+    fields: Labels,
+    bus: str | None = None,
 ) -> GpuLabels:
-    """A GPU's labels in the label set of the dcgm-exporter version the options name."""
+    """A GPU's labels in the label set of the dcgm-exporter version the options name; `bus`, its
+    PCI address where NVML read it (a simulated GPU's follows from its index)."""
     if options.exporter_version == "4.8" or options.dra:
+        bus = dra.pci_bus_id(index) if bus is None else bus
         return GpuLabels(index, uuid, minor, model, options.hostname, fields, bus, "hostname")
     return GpuLabels(index, uuid, minor, model, options.hostname, fields)
 
@@ -134,8 +142,7 @@ def entities(node: NodeTopology, options: Options, now: float) -> list[Subject]:
     name_holders = options.mig_pod_labels or not node.is_dynamic_mig_enabled
     out: list[Subject] = []
     for index, gpu in enumerate(node.gpus):
-        labels = gpu_labels(options, index, gpu.id, index, model_name, dra.pci_bus_id(index),
-                            _label_fields(options, gpu))  # fmt: skip
+        labels = gpu_labels(options, index, gpu.id, index, model_name, _label_fields(options, gpu))
         mig = gpu.mig_devices is not None and model is not None
         devices: tuple[MigDevice, ...] = ()
         if mig and model is not None and gpu.mig_devices:

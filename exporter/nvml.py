@@ -328,7 +328,7 @@ def entities(
     out: list[Subject] = []
     for gpu in sample.gpus:
         labels = dcgm.gpu_labels(options, gpu.index, gpu.uuid, gpu.minor, gpu.name,
-                                 gpu.pci_bus_id, _label_fields(sample, gpu, options))  # fmt: skip
+                                 _label_fields(sample, gpu, options), gpu.pci_bus_id)  # fmt: skip
         known = whole.get(gpu.uuid)
         # The pods of its instances, by GPU instance id, where they are named.
         named = {d.gpu_instance_id: d for d in known.mig_devices or ()} if known else {}
