@@ -43,7 +43,7 @@ from topology.model import Gpu, MigDevice, NodeTopology
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 FB_FREE = "DCGM_FI_DEV_FB_FREE"
 FB_USED = "DCGM_FI_DEV_FB_USED"
-DEFAULT_DRIVER_VERSION = "520.56.06"
+DEFAULT_DRIVER_VERSION = dra.DEFAULT_DRIVER  # the real dumps' driver, as the DRA slices say
 UTILIZATION_STEP_S = readings.STEP_S
 
 
