@@ -9,6 +9,11 @@ from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
 
+def env_switch(name: str) -> bool:
+    """A switch set in the environment: `1`, `true` or `yes`, in any case."""
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
 def exit_now(code: int) -> NoReturn:
     """Leave without the interpreter's shutdown: daemon threads blocked in a request (a watch, a
     relist during slow answers) can make it abort (exit -6) after the work is done. Flush first."""

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from common.process import CLUSTER_ENVIRONMENT, not_utf8
+from common.process import CLUSTER_ENVIRONMENT, env_switch, not_utf8
 from exporter import dcgm, nvml
 from exporter.collector import DEFAULT_INTERVAL_MS, NvmlExporter
 from exporter.fields import CountersError, read_counters
@@ -38,11 +38,6 @@ ENVIRONMENT = (
     "EXPORTER_HOSTNAME", "DCGM_EXPORTER_COLLECTORS", "MIG_POD_LABELS", "KUBERNETES_VIRTUAL_GPUS",
     "WEB_CONFIG_FILE", "DCGM_EXPORTER_VERSION", "KUBERNETES_ENABLE_DRA",
 )  # fmt: skip
-
-
-def _env_flag(name: str) -> bool:
-    """A switch set in the environment: `1`, `true` or `yes`, in any case."""
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -153,7 +148,7 @@ def _series_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kubernetes-enable-dra",
         action="store_true",
-        default=_env_flag("KUBERNETES_ENABLE_DRA"),
+        default=env_switch("KUBERNETES_ENABLE_DRA"),
         help="a device DRA claims hold, once per pod container holding it, with the claim's "
         "dra_* labels, in dcgm-exporter 4.8's label set, as its flag (env "
         "KUBERNETES_ENABLE_DRA=true)",
@@ -161,14 +156,14 @@ def _series_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mig-pod-labels",
         action="store_true",
-        default=_env_flag("MIG_POD_LABELS"),
+        default=env_switch("MIG_POD_LABELS"),
         help="name the pod holding each MIG instance in container/namespace/pod (env "
         "MIG_POD_LABELS=true); off by default, as run:ai dynamic MIG leaves them empty",
     )
     p.add_argument(
         "--kubernetes-virtual-gpus",
         action="store_true",
-        default=_env_flag("KUBERNETES_VIRTUAL_GPUS"),
+        default=env_switch("KUBERNETES_VIRTUAL_GPUS"),
         help="a shared GPU's (time-slicing, MPS) series once per pod sharing it, with a vgpu "
         "label, as dcgm-exporter's flag (env KUBERNETES_VIRTUAL_GPUS=true)",
     )

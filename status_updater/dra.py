@@ -6,6 +6,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
+from common.process import env_switch
 from kube import selectors
 
 
@@ -15,10 +16,6 @@ def _selector(text: str) -> str:
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{e} (flag or DRA_NODE_SELECTOR)") from None
     return text
-
-
-def _switch(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
 
 
 def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +30,7 @@ def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dra-dynamic-mig",
         action="store_true",
-        default=_switch("DRA_DYNAMIC_MIG"),
+        default=env_switch("DRA_DYNAMIC_MIG"),
         help="as the driver's DynamicMIG gate: a MIG-enabled GPU offers every profile at every "
         "placement (env DRA_DYNAMIC_MIG=true)",
     )
