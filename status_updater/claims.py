@@ -2,23 +2,22 @@
 
 A claim allocated by the scheduler names its devices in `status.allocation.devices.results`
 (`driver`, `pool`, `device`, and the `request` each answers) and the pods it is reserved for in
-`status.reservedFor`. A pod names its claims in `spec.resourceClaims` (`resourceClaimName`, or a
-template, whose claim's name the pod's `status.resourceClaimStatuses` gives), and a container
-uses one through `resources.claims` (`name`, and optionally one `request` of it). Only devices of
-the NVIDIA driver (`gpu.nvidia.com`) count.
+`status.reservedFor`. A pod names its claims in `spec.resourceClaims`, and a container uses one
+through `resources.claims` (`objects.claim_refs`). Only devices of the NVIDIA driver
+(`gpu.nvidia.com`) count.
 
-The join is made at the edge, where pods and claims are read: a pod's holds go into its slim
-form under `dra` (objects.DRA_KEY), one entry per (container, device), and the `dra` placement
-policy puts them on the node's devices. Pure: no I/O.
+Claims and pods arrive apart (two watches, or two sets of files): each is read on its own, and
+the state joins them when it places a node's pods (`holds`), one entry per (container, device),
+which the `dra` placement policy puts on the node's devices. Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from status_updater.objects import Obj, metadata, names, pod_uid
+from status_updater.objects import DRA_REFS, Obj, metadata, names, pod_uid, strings
 from topology import dra
 
 
@@ -31,88 +30,67 @@ class Allocation:
     device: str
 
 
+ClaimKey = tuple[str, str]  # (namespace, name)
+
+
 @dataclass(frozen=True)
 class Claim:
     namespace: str
     name: str
-    allocations: tuple[Allocation, ...]
+    allocations: tuple[Allocation, ...]  # none: not allocated, or no device of the driver
     reserved_for: frozenset[str]  # pod uids, and `name:<pod>` where a reference has no uid
 
-
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _map(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    @property
+    def key(self) -> ClaimKey:
+        return self.namespace, self.name
 
 
-def read_claim(obj: Obj) -> Claim | None:
-    """An allocated claim's devices of the NVIDIA driver; None for one not allocated."""
+def _list(value: object) -> list[Mapping[str, Any]]:
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+
+def read_claim(obj: Obj) -> Claim:
+    """What placement needs of a claim: its devices of the NVIDIA driver (what a watch keeps)."""
     meta = metadata(obj)
-    status = _map(obj.get("status"))
-    allocation = _map(status.get("allocation"))
-    if not allocation:
-        return None
-    results = _list(_map(allocation.get("devices")).get("results"))
+    status = strings(obj.get("status"))
+    allocation = strings(status.get("allocation"))
+    results = _list(strings(allocation.get("devices")).get("results"))
     found = tuple(
         Allocation(str(r.get("request", "")), str(r.get("pool", "")), str(r.get("device", "")))
-        for r in map(_map, results)
+        for r in results
         if r.get("driver") == dra.DRIVER and r.get("pool") and r.get("device")
     )
     reserved = set()
-    for ref in map(_map, _list(status.get("reservedFor"))):
+    for ref in _list(status.get("reservedFor")) if found else ():
         if ref.get("resource", "pods") == "pods":
             reserved.add(str(ref["uid"]) if ref.get("uid") else f"name:{ref.get('name')}")
-    return Claim(str(meta.get("namespace", "")), str(meta.get("name", "")), found,
+    return Claim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""), found,
                  frozenset(reserved))  # fmt: skip
 
 
-Claims = Mapping[tuple[str, str], Claim]  # (namespace, name) -> the claim
+def used(pod: Obj) -> set[ClaimKey]:
+    """The claims a slim pod's containers use."""
+    namespace = names(pod)[0]
+    return {(namespace, ref["claim"]) for ref in pod.get(DRA_REFS) or ()}
 
 
-def index(claims: Iterable[Obj]) -> dict[tuple[str, str], Claim]:
-    return {(c.namespace, c.name): c for obj in claims if (c := read_claim(obj)) is not None}
-
-
-def _claim_names(pod: Obj) -> dict[str, str]:
-    """The pod's claim entries by name -> the ResourceClaim each is (a template's, once made)."""
-    spec = _map(pod.get("spec"))
-    made = {
-        str(s.get("name")): str(s.get("resourceClaimName"))
-        for s in map(_map, _list(_map(pod.get("status")).get("resourceClaimStatuses")))
-        if s.get("resourceClaimName")
-    }
-    out: dict[str, str] = {}
-    for entry in map(_map, _list(spec.get("resourceClaims"))):
-        name = str(entry.get("name", ""))
-        if entry.get("resourceClaimName"):
-            out[name] = str(entry["resourceClaimName"])
-        elif name in made:
-            out[name] = made[name]
-    return out
-
-
-def holds(pod: Obj, claims: Claims) -> list[dict[str, str]]:
-    """The pod's DRA devices of the NVIDIA driver: one entry per container and device, for the
+def holds(pod: Obj, claims: Mapping[ClaimKey, Claim]) -> list[dict[str, str]]:
+    """A slim pod's DRA devices of the NVIDIA driver: one entry per container and device, for the
     claims reserved for the pod (a claim not reserved for it is not the pod's yet)."""
     namespace, pod_name = names(pod)
     uid = pod_uid(pod)
-    by_entry = _claim_names(pod)
     out: list[dict[str, str]] = []
-    for c in map(_map, _list(_map(pod.get("spec")).get("containers"))):
-        for used in map(_map, _list(_map(c.get("resources")).get("claims"))):
-            claim_name = by_entry.get(str(used.get("name", "")))
-            claim = claims.get((namespace, claim_name)) if claim_name else None
-            if claim is None or not (uid in claim.reserved_for or f"name:{pod_name}" in
-                                     claim.reserved_for):  # fmt: skip
+    for ref in pod.get(DRA_REFS) or ():
+        claim = claims.get((namespace, ref["claim"]))
+        if claim is None or not (uid in claim.reserved_for or f"name:{pod_name}" in
+                                 claim.reserved_for):  # fmt: skip
+            continue
+        request = ref["request"]
+        for a in claim.allocations:
+            # A request's subrequests answer as `<request>/<subrequest>`.
+            if request and a.request != request and not a.request.startswith(f"{request}/"):
                 continue
-            request = used.get("request")
-            for a in claim.allocations:
-                # A request's subrequests answer as `<request>/<subrequest>`.
-                if request and a.request != request and not a.request.startswith(f"{request}/"):
-                    continue
-                out.append({"container": str(c.get("name", "")), "claim": claim.name,
-                            "claim-namespace": claim.namespace, "device": a.device,
-                            "pool": a.pool})  # fmt: skip
+            out.append({"container": ref["container"], "claim": claim.name,
+                        "claim-namespace": claim.namespace, "device": a.device,
+                        "pool": a.pool})  # fmt: skip
     return out

@@ -183,11 +183,12 @@ def advertised_migs(node: Obj) -> dict[str, str]:
     return {}
 
 
-DRA_KEY = "dra"  # in a slim pod: its DRA devices, joined from its claims (claims.holds)
+DRA_REFS = "dra-refs"  # in a slim pod: the DRA claims its containers use (claim_refs)
+DRA_KEY = "dra"  # what the state adds for placement: their devices (claims.holds)
 
 
-def slim_pod(pod: Obj, dra_holds: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    """What placement reads of a pod; `dra_holds`, the DRA devices its claims give it."""
+def slim_pod(pod: Obj) -> dict[str, Any]:
+    """What placement reads of a pod."""
     meta = metadata(pod)
     spec = pod.get("spec")
     spec = spec if isinstance(spec, Mapping) else {}
@@ -211,9 +212,44 @@ def slim_pod(pod: Obj, dra_holds: list[dict[str, str]] | None = None) -> dict[st
         "spec": {"nodeName": spec.get("nodeName"), "containers": kept},
         "status": {"phase": status.get("phase") if isinstance(status, Mapping) else None},
     }
-    if dra_holds:
-        slim[DRA_KEY] = dra_holds
+    if asks_for_devices(pod):
+        slim[DRA_REFS] = claim_refs(pod)
     return slim
+
+
+def _items(value: object) -> list[Mapping[str, Any]]:
+    """A list's objects; anything else in it, or no list, is as if it were not there."""
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+
+def claim_refs(pod: Obj) -> list[dict[str, str]]:
+    """Which ResourceClaim each container uses: `container`, `claim` (the pod's entry resolved
+    to the claim's name: its own, or the one made from a template, which `status.
+    resourceClaimStatuses` gives once made) and `request` ("" for all of the claim's)."""
+    spec = strings(pod.get("spec"))
+    status = strings(pod.get("status"))
+    made = {
+        str(s.get("name")): str(s["resourceClaimName"])
+        for s in _items(status.get("resourceClaimStatuses"))
+        if s.get("resourceClaimName")
+    }
+    claim_of: dict[str, str] = {}
+    for entry in _items(spec.get("resourceClaims")):
+        name = str(entry.get("name", ""))
+        if entry.get("resourceClaimName"):
+            claim_of[name] = str(entry["resourceClaimName"])
+        elif name in made:
+            claim_of[name] = made[name]
+    return [
+        {
+            "container": str(c.get("name", "")),
+            "claim": claim_of[named],
+            "request": str(used.get("request") or ""),
+        }
+        for c in _items(spec.get("containers"))
+        for used in _items(strings(c.get("resources")).get("claims"))
+        if (named := str(used.get("name", ""))) in claim_of
+    ]
 
 
 # --- pods ----------------------------------------------------------------------------------------
@@ -231,12 +267,12 @@ def may_hold_gpu(pod: Obj) -> bool:
         runai.ANNOTATION_POD_MIG_DEVICE in annotations
         or any(device_count(value) != 0 for *_, value in gpu_limits(pod))
         or asks_for_devices(pod)
-        or DRA_KEY in pod
+        or DRA_REFS in pod
     )
 
 
 def asks_for_devices(pod: Obj) -> bool:
-    """The pod names DRA claims (whether or not they are allocated yet)."""
+    """The pod (not slimmed) names DRA claims, whether or not they are allocated yet."""
     spec = pod.get("spec")
     claims = spec.get("resourceClaims") if isinstance(spec, Mapping) else None
     return isinstance(claims, list) and bool(claims)

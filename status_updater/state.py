@@ -24,6 +24,8 @@ from status_updater import claims as dra_claims
 from status_updater.devices import build_node
 from status_updater.ids import claim_ignored, device_ids, id_set, without_id
 from status_updater.objects import (
+    DRA_KEY,
+    DRA_REFS,
     Obj,
     is_gpu_node,
     may_hold_gpu,
@@ -78,6 +80,8 @@ class ClusterState:
         # The ids each node's own objects give (`_own_ids`), computed once per build: the id rule
         # asks for them for every claimant of every id claimed twice.
         self._own: dict[str, frozenset[str]] = {}
+        self.claims: dict[dra_claims.ClaimKey, dra_claims.Claim] = {}  # allocated DRA claims
+        self._claim_users: dict[dra_claims.ClaimKey, set[str]] = {}  # -> keys of pods using it
         self._strategies: Counter[str | None] = Counter()
         self._rebuild: set[str] = set()  # Node changed: devices and allocations
         self._stale: set[str] = set()  # Pods changed: allocations
@@ -143,8 +147,11 @@ class ClusterState:
             return
         if before is not None and before != target:
             self.delete_pod(key)
+        elif before is not None:
+            self._use_claims(key, self.pods[target][key], -1)
         self.pods.setdefault(target, {})[key] = pod
         self._pod_node[key] = target
+        self._use_claims(key, pod, +1)
         self._stale.add(target)
 
     def delete_pod(self, key: str) -> None:
@@ -152,10 +159,48 @@ class ClusterState:
         if node is None:
             return
         on_node = self.pods[node]
-        del on_node[key]
+        self._use_claims(key, on_node.pop(key), -1)
         if not on_node:
             del self.pods[node]
         self._stale.add(node)
+
+    def _use_claims(self, key: str, pod: Obj, change: int) -> None:
+        """Index which pods use which claim: a claim's change re-places their nodes only."""
+        if DRA_REFS not in pod:
+            return
+        for claim in dra_claims.used(pod):
+            users = self._claim_users.setdefault(claim, set())
+            if change > 0:
+                users.add(key)
+            else:
+                users.discard(key)
+                if not users:
+                    del self._claim_users[claim]
+
+    def set_claim(self, claim: dra_claims.Claim) -> None:
+        """A ResourceClaim as `claims.read_claim` reads it; one holding no device of the driver
+        (not allocated yet, or released) is as if it were not there."""
+        if not claim.allocations:
+            self.delete_claim(claim.key)
+        elif self.claims.get(claim.key) != claim:
+            self.claims[claim.key] = claim
+            self._claim_changed(claim.key)
+
+    def delete_claim(self, key: dra_claims.ClaimKey) -> None:
+        if self.claims.pop(key, None) is not None:
+            self._claim_changed(key)
+
+    def _claim_changed(self, key: dra_claims.ClaimKey) -> None:
+        for pod in self._claim_users.get(key, ()):
+            self._stale.add(self._pod_node[pod])
+
+    def reset_claims(self, claims: Iterable[dra_claims.Claim]) -> None:
+        seen = set()
+        for claim in claims:
+            seen.add(claim.key)
+            self.set_claim(claim)
+        for key in set(self.claims) - seen:
+            self.delete_claim(key)
 
     def reset_nodes(self, nodes: Iterable[Obj]) -> None:
         """The full list (first sync, or after 410 Gone): only real differences cost anything."""
@@ -224,7 +269,7 @@ class ClusterState:
             result = Unreadable(built)
             warnings.append(built)
         else:
-            pods = self.pods.get(name, {}).values()
+            pods = [self._with_holds(p) for p in self.pods.get(name, {}).values()]
             result, warnings = reconcile_node(
                 self.nodes[name], pods, previous=self._placed.get(name), built=built
             )
@@ -253,6 +298,13 @@ class ClusterState:
             affected |= claimants
             self._set_claimants(uid, claimants | {name})
         return affected
+
+    def _with_holds(self, pod: Obj) -> Obj:
+        """The pod, with the devices its DRA claims hold (for the `dra` placement policy)."""
+        if DRA_REFS not in pod:
+            return pod
+        found = dra_claims.holds(pod, self.claims)
+        return {**pod, DRA_KEY: found} if found else pod
 
     def _claimants(self, uid: str) -> set[str]:
         found = self._claims.get(uid)
@@ -362,9 +414,9 @@ class ClusterState:
         state = cls()
         if layouts is not None:
             state.layouts = layouts
-        allocated = dra_claims.index(claims)
+        state.reset_claims(map(dra_claims.read_claim, claims))
         state.reset_nodes(map(slim_node, nodes))
-        state.reset_pods(slim_pod(p, dra_claims.holds(p, allocated)) for p in pods)
+        state.reset_pods(map(slim_pod, pods))
         state.settle()
         return state
 
