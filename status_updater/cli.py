@@ -234,6 +234,7 @@ def _run_arguments(live: argparse.ArgumentParser) -> None:
         default=os.environ.get("METRICS_ADDRESS") or "0.0.0.0",
         help="listen address for --metrics-port (env METRICS_ADDRESS, default %(default)s)",
     )
+    add_dra_arguments(live)
 
 
 def _seconds(text: str) -> float:
@@ -275,6 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.resync,
             args.mig_parted_config,
             (args.metrics_address, args.metrics_port) if args.metrics_port else None,
+            DraOptions.of(args) if args.dra_node_selector is not None else None,
         )
     except KeyboardInterrupt:
         return 130

@@ -23,7 +23,9 @@ import kubernetes
 
 from common.selfmetrics import InvalidObjects, kind_of
 from kube.api import Backoff, Obj, describe, list_watch
-from status_updater.objects import node_name, pod_key, slim_node, slim_pod
+from status_updater.claims import read_claim
+from status_updater.dra import DraOptions, node_slimmer
+from status_updater.objects import node_name, pod_key, slim_pod
 from status_updater.state import ClusterState
 from topology import migparted
 from topology.errors import TopologyError
@@ -34,6 +36,7 @@ COALESCE_S = 0.2  # a storm of events within this window gives one write per cha
 RESYNC_S = 30.0  # how often a quiet leader compares what is written with what should be
 LAYOUTS_ATTEMPTS = 3  # failed reads of the mig-parted ConfigMap before writing without it
 SOURCES = frozenset({"nodes", "pods", "layouts"})  # what is listed before anything is written
+DRA_SOURCES = SOURCES | {"claims"}  # and with DRA on, the ResourceClaims
 
 
 class Writer(Protocol):
@@ -68,8 +71,11 @@ class Controller:
         is_leader: Callable[[], bool] = lambda: True,
         resync_s: float = RESYNC_S,
         mig_parted_config: str = migparted.DEFAULT_CONFIGMAP,
+        dra: DraOptions | None = None,
     ) -> None:
         self.core, self.writer, self.is_leader, self.resync_s = core, writer, is_leader, resync_s
+        self.sources = SOURCES if dra is None else DRA_SOURCES
+        self._slim_node = node_slimmer(dra)
         self.layouts_ref = mig_parted_config  # namespace/name of the GPU operator's ConfigMap
         self._layouts_seen: str | None = None  # what was last said about it
         self.state = ClusterState()
@@ -98,12 +104,46 @@ class Controller:
         """Every informer has listed, and none has failed since: what the state holds is the
         cluster. A leader that took over while its pod watch was failing would otherwise
         write a cache missing the pods created meanwhile, and take their devices away."""
-        return self.synced == SOURCES and not self.failing
+        return self.synced == self.sources and not self.failing
 
     def _event(self, what: str, kind: str, obj: Obj) -> None:
-        slim = slim_node if what == "nodes" else slim_pod
+        slim = self._slim_node if what == "nodes" else slim_pod
         self.events.put((what, kind, slim(obj)))
         self.dirty.set()
+
+    def _claims_informer(self, stop: threading.Event) -> threading.Thread:
+        """Watches the ResourceClaims of every namespace, each kept as `claims.read_claim` reads
+        it. An API that does not serve them (404: a cluster before DRA) has none to wait for."""
+        api = kubernetes.client.ResourceV1Api(self.core.api_client)
+
+        def on_reset(items: list[Any]) -> None:
+            self.events.put(("claims", "RESET", items))
+            self.dirty.set()
+
+        def on_event(kind: str, obj: Obj) -> None:
+            self.events.put(("claims", kind, read_claim(obj)))
+            self.dirty.set()
+
+        def on_error(message: str) -> None:
+            if "HTTP 404" in message:
+                self.events.put(("claims", "RESET", []))
+                self.dirty.set()
+            else:
+                self._informer_error("claims", message)
+
+        return threading.Thread(
+            target=list_watch,
+            name="claims",
+            daemon=True,
+            args=(
+                "resourceclaims",
+                api.list_resource_claim_for_all_namespaces,
+                on_reset,
+                on_event,
+                stop,
+            ),
+            kwargs={"transform": read_claim, "on_error": on_error},
+        )
 
     def _layouts_informer(self, stop: threading.Event) -> threading.Thread:
         """Watches the one mig-parted ConfigMap: its `config.yaml`, or None while it is absent."""
@@ -147,7 +187,7 @@ class Controller:
 
     def informers(self, stop: threading.Event) -> list[threading.Thread]:
         sources = (
-            ("nodes", self.core.list_node, slim_node),
+            ("nodes", self.core.list_node, self._slim_node),
             ("pods", self.core.list_pod_for_all_namespaces, slim_pod),
         )
         threads = [
@@ -170,6 +210,8 @@ class Controller:
             for what, list_call, slim in sources
         ]
         threads.append(self._layouts_informer(stop))
+        if "claims" in self.sources:
+            threads.append(self._claims_informer(stop))
         return threads + self.writer.informers(stop, self.dirty.set)
 
     # --- the writer thread ----------------------------------------------------------------------
@@ -185,8 +227,13 @@ class Controller:
         elif kind == "ERROR":
             self.failing.add(what)  # until its next list
         elif kind == "RESET":
-            reset = state.reset_nodes if what == "nodes" else state.reset_pods
-            reset(payload)  # the informer slimmed each page as it arrived
+            # The informer slimmed each page as it arrived.
+            if what == "nodes":
+                state.reset_nodes(payload)
+            elif what == "pods":
+                state.reset_pods(payload)
+            else:
+                state.reset_claims(payload)
             self.synced.add(what)
             self.failing.discard(what)
             self._listed = True
@@ -195,6 +242,11 @@ class Controller:
                 state.delete_node(node_name(payload))
             else:
                 state.set_node(payload)
+        elif what == "claims":
+            if kind == "DELETED":
+                state.delete_claim(payload.key)
+            else:
+                state.set_claim(payload)
         elif kind == "DELETED":
             state.delete_pod(pod_key(payload))
         else:

@@ -10,10 +10,12 @@ import threading
 import kubernetes
 
 from kube.api import ConfigError, api_client
-from status_updater.controller import SOURCES, Controller, Writer
+from status_updater.controller import Controller, Writer
+from status_updater.dra import DraOptions
 from status_updater.leader import LeaderElector
 from status_updater.pernode import PerNodeWriter
 from status_updater.single import SingleWriter
+from status_updater.slicewriter import SliceWriter, WithSlices
 from topology.settings import topology_name, topology_namespace
 from web.server import MetricsServer, Published, Snapshot
 
@@ -30,6 +32,7 @@ def run(
     resync_s: float,
     mig_parted_config: str,
     metrics: tuple[str, int] | None = None,
+    dra: DraOptions | None = None,
 ) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -40,7 +43,7 @@ def run(
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     writer, controller, elector = _components(
-        client, layout, lease_name, identity, resync_s, mig_parted_config
+        client, layout, lease_name, identity, resync_s, mig_parted_config, dra
     )
     stop = threading.Event()
 
@@ -88,8 +91,10 @@ def _components(
     identity: str,
     resync_s: float,
     mig_parted_config: str,
+    dra: DraOptions | None = None,
 ) -> tuple[Writer, Controller, LeaderElector]:
-    """The layout's writer, the controller feeding it, and the Lease that says who writes."""
+    """The layout's writer (and with DRA on the ResourceSlices'), the controller feeding it, and
+    the Lease that says who writes."""
     namespace = topology_namespace()
     core = kubernetes.client.CoreV1Api(client)
     writer: Writer = (
@@ -97,7 +102,12 @@ def _components(
         if layout == "single"
         else PerNodeWriter(core, namespace)
     )
-    controller = Controller(core, writer, resync_s=resync_s, mig_parted_config=mig_parted_config)
+    if dra is not None:
+        slices = SliceWriter(kubernetes.client.ResourceV1Api(client), dra.dynamic_mig)
+        writer = WithSlices(writer, slices)
+    controller = Controller(
+        core, writer, resync_s=resync_s, mig_parted_config=mig_parted_config, dra=dra
+    )
     elector = LeaderElector(
         kubernetes.client.CoordinationV1Api(client),
         lease_name,
@@ -134,7 +144,7 @@ def _supervise(
 def _health(controller: Controller, leader: bool, dead: list[str]) -> Snapshot:
     """`/health` and the updater's own `/metrics`: whether it follows the cluster, and what it
     had to skip."""
-    waiting = sorted(SOURCES - controller.synced)
+    waiting = sorted(controller.sources - controller.synced)
     if dead:
         reason = f"the {', '.join(dead)} thread stopped"
     elif waiting:

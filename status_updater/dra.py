@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from common.process import env_switch
 from kube import selectors
+from status_updater.objects import Obj, metadata, slim_node, strings
 
 
 def _selector(text: str) -> str:
@@ -48,3 +51,23 @@ class DraOptions:
     def selector(self) -> selectors.Selector:
         """Whether a node's labels are selected (parsed once: the flag was checked already)."""
         return selectors.parse(self.selector_text)
+
+
+SELECTED = "dra-selected"  # in a slim node: the DRA selector picks it (its ResourceSlices)
+
+
+def node_slimmer(options: DraOptions | None) -> Callable[[Obj], dict[str, Any]]:
+    """What the Node informer keeps of a Node: `objects.slim_node`, and with DRA on whether the
+    selector picks it, judged on all its labels (the slim node keeps only those reconcile
+    reads)."""
+    if options is None:
+        return slim_node
+    selects = options.selector()
+
+    def slim(node: Obj) -> dict[str, Any]:
+        found = slim_node(node)
+        if selects(strings(metadata(node).get("labels"))):
+            found[SELECTED] = True
+        return found
+
+    return slim

@@ -38,6 +38,12 @@ from topology.model import Gpu, NodeTopology
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 64  # per slice whose devices consume counters (128 otherwise)
 MAX_COUNTER_SETS = 8  # per slice
+SELECTOR = f"{LABEL_MANAGED_BY}={MANAGER}"  # the slices the updater writes, and only those
+
+
+def is_ours(labels: object) -> bool:
+    """Whether a slice's labels mark it as one the updater wrote."""
+    return isinstance(labels, Mapping) and labels.get(LABEL_MANAGED_BY) == MANAGER
 
 
 _UNITS = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))

@@ -368,6 +368,12 @@ class ClusterState:
         node = self.nodes.get(name)
         return node_strategy(node) if node is not None else None
 
+    def devices(self, name: str) -> NodeTopology | TopologyError | None:
+        """A GPU node's devices before its pods are placed (what it offers: its DRA slices), why
+        they cannot be read, or None for no such GPU node. As of the last settle."""
+        built = self._built.get(name)
+        return built[0] if isinstance(built, tuple) else built
+
     def node_uid(self, name: str) -> str | None:
         node = self.nodes.get(name)
         return node_uid(node) if node is not None else None

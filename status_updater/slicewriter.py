@@ -1,0 +1,345 @@
+"""Publishing the DRA driver's ResourceSlices (`resourceslices.py`) for the nodes DRA selects.
+
+One pool per node, named after it. The writer watches the slices it manages (label selector)
+and keeps, per slice, its resourceVersion, pool, generation and a digest of what it says, so
+that a node whose devices did not change costs no call, and a resync (or another writer's edit,
+seen by the watch) repairs only the pools that differ. A pool that changes is written whole
+under the next generation, as the driver does: the scheduler uses a pool only when all its
+slices carry its newest generation. Node gone, no GPU node or not selected any more: its slices
+are deleted (their ownerReference to the Node lets the garbage collector do the same while the
+updater is down). A node whose devices cannot be read keeps what it published. Slices without
+the updater's label (the real driver's) are never touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from kube.api import REQUEST_TIMEOUT, Obj, list_watch, usable_version
+from status_updater.controller import Writer
+from status_updater.dra import SELECTED
+from status_updater.resourceslices import SELECTOR, is_ours, node_slices
+from status_updater.state import ClusterState
+from topology.errors import TopologyError
+from topology.model import NodeTopology
+
+log = logging.getLogger(__name__)
+
+
+def _digest(obj: Mapping[str, Any]) -> str:
+    """What a slice says, its pool's generation left out: the same devices under a newer
+    generation are the same slice."""
+    meta = obj.get("metadata") or {}
+    spec = dict(obj.get("spec") or {})
+    spec["pool"] = {**(spec.get("pool") or {}), "generation": 0}
+    said = {"labels": meta.get("labels"), "owners": meta.get("ownerReferences"), "spec": spec}
+    return hashlib.sha256(json.dumps(said, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One managed slice as the watch (or the answer to our write) showed it."""
+
+    version: str | None
+    pool: str
+    generation: int
+    digest: str
+
+
+def observe(obj: Mapping[str, Any]) -> tuple[str, Observed | None]:
+    """(name, what it holds); None when the slice is not one the updater manages."""
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name"))
+    if not is_ours(meta.get("labels")):
+        return name, None
+    pool = (obj.get("spec") or {}).get("pool") or {}
+    generation = pool.get("generation")
+    return name, Observed(
+        version=usable_version(meta.get("resourceVersion")),
+        pool=str(pool.get("name", "")),
+        generation=generation if isinstance(generation, int) else 0,
+        digest=_digest(obj),
+    )
+
+
+@dataclass(frozen=True)
+class _Desired:
+    node: Mapping[
+        str, Any
+    ]  # the slim Node and the devices it was computed from: unchanged, not computed again
+    devices: object
+    slices: tuple[dict[str, Any], ...]
+    digests: tuple[str, ...]
+
+
+class SliceWriter:
+    def __init__(self, api: kubernetes.client.ResourceV1Api, dynamic_mig: bool) -> None:
+        self.api, self.dynamic_mig = api, dynamic_mig
+        self.what = "ResourceSlices"
+        self.actual: dict[str, Observed] = {}  # slice name -> what it holds
+        self._pools: dict[str, set[str]] = {}  # pool (node) -> its managed slices' names
+        self._events: queue.SimpleQueue[tuple[str, Obj | list[Obj]]] = queue.SimpleQueue()
+        self._listed = self._relisted = False
+        self._check: set[str] = set()  # pools whose slices changed under us
+        self._desired: dict[str, _Desired] = {}  # node -> its slices, kept while unchanged
+        # Slice name -> (digest written, digest of the API's answer): an API that fills in a
+        # default still holds what was written.
+        self._answers: dict[str, tuple[str, str]] = {}
+        self._said: dict[str, str] = {}  # node -> the problem last said about it
+        self._foreign: set[str] = set()  # slice names someone else's objects hold
+        self._wrote: list[str] = []
+        self._deleted: list[str] = []
+
+    # --- what is written, from the watch ------------------------------------------------------
+
+    def informers(self, stop: threading.Event, wake: Callable[[], None]) -> list[threading.Thread]:
+        def on_reset(items: list[Obj]) -> None:
+            self._events.put(("RESET", items))
+            wake()
+
+        def on_event(kind: str, obj: Obj) -> None:
+            self._events.put((kind, obj))
+            wake()
+
+        watch = threading.Thread(
+            target=list_watch,
+            args=("resourceslices", self.api.list_resource_slice, on_reset, on_event, stop),
+            kwargs={"label_selector": SELECTOR},
+            name="resourceslices",
+            daemon=True,
+        )
+        return [watch]
+
+    def _see(self, name: str, observed: Observed | None) -> None:
+        old = self.actual.pop(name, None)
+        if old is not None:
+            names = self._pools[old.pool]
+            names.discard(name)
+            if not names:
+                del self._pools[old.pool]
+        if observed is not None:
+            self.actual[name] = observed
+            self._pools.setdefault(observed.pool, set()).add(name)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                kind, payload = self._events.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "RESET":
+                self.actual, self._pools = {}, {}
+                for obj in cast(list[Obj], payload):  # an API ignoring the selector lists all
+                    self._see(*observe(obj))
+                self._listed = self._relisted = True
+                continue
+            name, observed = observe(cast(Obj, payload))
+            old = self.actual.get(name)
+            if kind == "DELETED":
+                observed = None
+            if old == observed:
+                continue
+            self._see(name, observed)
+            self._check.update(o.pool for o in (old, observed) if o is not None)
+
+    def ready(self) -> bool:
+        self._drain()
+        return self._listed
+
+    def has_work(self) -> bool:
+        return bool(self._check or self._relisted)
+
+    def leading(self, leading: bool) -> None:
+        pass  # the watch keeps `actual` true whoever writes
+
+    # --- writing ---------------------------------------------------------------------------------
+
+    def sync(self, state: ClusterState, changed: Iterable[str], full: bool) -> None:
+        self._drain()
+        full = full or self._relisted
+        self._relisted = False
+        if full:
+            nodes = {n for n, node in state.nodes.items() if node.get(SELECTED)} | set(self._pools)
+            self._foreign.clear()  # judged again: it may have gone
+        else:
+            nodes = set(changed) | self._check
+        self._check = set()
+        try:
+            for node in sorted(nodes):
+                self._sync_node(state, node)
+        finally:
+            self._report()
+
+    def _wanted(self, state: ClusterState, node: str) -> _Desired | None:
+        """The node's slices (none: not a node DRA selects); None where its devices cannot be
+        read, and what it published stays."""
+        slim = state.nodes.get(node)
+        devices = state.devices(node) if slim is not None and slim.get(SELECTED) else None
+        if slim is None or devices is None:
+            return _Desired({}, None, (), ())
+        cached = self._desired.get(node)
+        if cached is not None and cached.node is slim and cached.devices is devices:
+            return cached
+        try:
+            if isinstance(devices, TopologyError):
+                raise devices
+            slices = node_slices(slim, devices, dynamic=self.dynamic_mig)
+        except TopologyError as e:
+            if self._said.get(node) != str(e):  # once per problem: a node that stays bad is no news
+                log.warning("%s; its ResourceSlices stay as they are", e)
+                self._said[node] = str(e)
+            return None
+        self._said.pop(node, None)
+        desired = _Desired(slim, devices, tuple(slices), tuple(map(_digest, slices)))
+        self._desired[node] = desired
+        return desired
+
+    def _holds(self, name: str, digest: str, generation: int) -> bool:
+        current = self.actual.get(name)
+        return (
+            current is not None
+            and current.generation == generation
+            and (current.digest == digest or self._answers.get(name) == (digest, current.digest))
+        )
+
+    def _sync_node(self, state: ClusterState, node: str) -> None:
+        desired = self._wanted(state, node)
+        if desired is None:
+            return
+        if not desired.slices:
+            self._desired.pop(node, None)
+        names = [s["metadata"]["name"] for s in desired.slices]
+        if any(n in self._foreign for n in names):
+            return
+        have = self._pools.get(node, set())
+        generation = max((self.actual[n].generation for n in have), default=0)
+        unchanged = have == set(names) and all(
+            self._holds(n, d, generation) for n, d in zip(names, desired.digests, strict=True)
+        )
+        if not unchanged and desired.slices:
+            for body, digest in zip(desired.slices, desired.digests, strict=True):
+                if not self._write(body, digest, generation + 1):
+                    return  # judged again at the next pass
+        for name in sorted(have - set(names)):
+            self._delete(name, node)
+
+    def _write(self, body: dict[str, Any], digest: str, generation: int) -> bool:
+        """Create the slice, or replace it at the version seen. False where it moved since
+        (409), went (404) or is someone else's: read again, and judged at the next pass."""
+        name = body["metadata"]["name"]
+        spec = {**body["spec"], "pool": {**body["spec"]["pool"], "generation": generation}}
+        current = self.actual.get(name)
+        try:
+            if current is None:
+                response = self.api.create_resource_slice(
+                    cast(Any, {**body, "spec": spec}),
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT,
+                )
+            else:
+                meta = {**body["metadata"], "resourceVersion": current.version}
+                response = self.api.replace_resource_slice(
+                    name,
+                    cast(Any, {**body, "metadata": meta, "spec": spec}),
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT,
+                )
+        except ApiException as e:
+            if e.status not in (404, 409):
+                raise
+            self._reread(name, body["spec"]["nodeName"])
+            return False
+        answered = json.loads(cast(Any, response).data)
+        _, observed = observe(answered)
+        self._see(name, observed)
+        if observed is not None:
+            self._answers[name] = (digest, observed.digest)
+        self._wrote.append(name)
+        return True
+
+    def _reread(self, name: str, node: str) -> None:
+        self._check.add(node)
+        try:
+            response = self.api.read_resource_slice(
+                name, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            self._see(name, None)
+            return
+        name, observed = observe(json.loads(cast(Any, response).data))
+        self._see(name, observed)
+        if observed is None and name not in self._foreign:
+            self._foreign.add(name)
+            log.error("ResourceSlice %s exists and was not created by the updater: not touched",
+                      name)  # fmt: skip
+
+    def _delete(self, name: str, node: str) -> None:
+        current = self.actual.get(name)
+        options: dict[str, Any] = {}
+        if current is not None and current.version:
+            options["preconditions"] = {"resourceVersion": current.version}
+        try:
+            self.api.delete_resource_slice(
+                name, body=cast(Any, options), _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as e:
+            if e.status == 409:
+                self._check.add(node)  # it changed since it was seen: judge it again
+                return
+            if e.status != 404:
+                raise
+        self._see(name, None)
+        self._answers.pop(name, None)
+        self._deleted.append(name)
+
+    def _report(self) -> None:
+        for verb, names in (("wrote", self._wrote), ("deleted", self._deleted)):
+            if names:
+                shown = ", ".join(names[:5]) + (
+                    f" and {len(names) - 5} more" if len(names) > 5 else ""
+                )
+                log.info("%s ResourceSlice%s %s", verb, "s" if len(names) > 1 else "", shown)
+                names.clear()
+
+
+class WithSlices:
+    """A topology writer (`controller.Writer`) that also publishes the ResourceSlices. The
+    ConfigMaps never wait on the slices: an API without `resource.k8s.io/v1` stops only them."""
+
+    def __init__(self, writer: Writer, slices: SliceWriter) -> None:
+        self.writer, self.slices = writer, slices
+        self.what = f"{writer.what} and {slices.what}"
+
+    def informers(self, stop: threading.Event, wake: Callable[[], None]) -> list[threading.Thread]:
+        return self.writer.informers(stop, wake) + self.slices.informers(stop, wake)
+
+    def ready(self) -> bool:
+        self.slices.ready()  # drained either way
+        return self.writer.ready()
+
+    def has_work(self) -> bool:
+        return self.writer.has_work() or self.slices.has_work()
+
+    def sync(self, state: ClusterState, changed: set[str], full: bool) -> None:
+        self.writer.sync(state, changed, full)
+        if self.slices.ready():  # once listed, its first pass compares everything
+            self.slices.sync(state, changed, full)
+
+    def leading(self, leading: bool) -> None:
+        self.writer.leading(leading)
+        self.slices.leading(leading)
+
+    def remembered(self) -> Mapping[str, NodeTopology]:
+        return self.writer.remembered()
