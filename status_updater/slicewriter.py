@@ -95,6 +95,9 @@ class SliceWriter:
         # Slice name -> (digest written, digest of the API's answer): an API that fills in a
         # default still holds what was written.
         self._answers: dict[str, tuple[str, str]] = {}
+        # Pool -> the newest generation written or seen: a pool written again is newer than any
+        # slice of it that was seen, also one deleted since.
+        self._generations: dict[str, int] = {}
         self._said: dict[str, str] = {}  # node -> the problem last said about it
         self._foreign: set[str] = set()  # slice names someone else's objects hold
         self._wrote: list[str] = []
@@ -223,15 +226,19 @@ class SliceWriter:
             return
         have = self._pools.get(node, set())
         generation = max((self.actual[n].generation for n in have), default=0)
+        newest = max(generation, self._generations.get(node, 0))
         unchanged = have == set(names) and all(
             self._holds(n, d, generation) for n, d in zip(names, desired.digests, strict=True)
         )
         if not unchanged and desired.slices:
+            self._generations[node] = newest + 1
             for body, digest in zip(desired.slices, desired.digests, strict=True):
-                if not self._write(body, digest, generation + 1):
+                if not self._write(body, digest, newest + 1):
                     return  # judged again at the next pass
         for name in sorted(have - set(names)):
             self._delete(name, node)
+        if not desired.slices and not self._pools.get(node):
+            self._generations.pop(node, None)
 
     def _write(self, body: dict[str, Any], digest: str, generation: int) -> bool:
         """Create the slice, or replace it at the version seen. False where it moved since

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from status_updater import cli, daemon
 from status_updater.controller import Controller
+from status_updater.dra import DraOptions
 from tests.status_updater.test_reconcile import gpu_pod, whole_gpu_node
 from tests.support.kubeapi import KubeAPI, eventually
 from topology import configmap as contract
@@ -32,6 +33,7 @@ def run_daemon(
     layout: str,
     resync_s: float,
     scenario: Callable[[], None],
+    dra: DraOptions | None = None,
 ) -> int:
     """Runs the daemon until `scenario` (in another thread) is over, then sends it SIGTERM;
     its exit code. A scenario's failure is raised here."""
@@ -52,7 +54,9 @@ def run_daemon(
 
     driver = threading.Thread(target=drive, daemon=True)
     driver.start()
-    code = daemon.run(str(config), layout, "lease", "me", resync_s, "gpu-operator/absent")
+    code = daemon.run(
+        str(config), layout, "lease", "me", resync_s, "gpu-operator/absent", None, dra
+    )
     driver.join(5)
     if failed:
         raise failed[0]

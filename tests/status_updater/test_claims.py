@@ -1,0 +1,153 @@
+"""DRA claims in the live state: pods and ResourceClaims come from two watches, in any order, and
+the topology is the same as if they had all been read at once; a claim's change re-places only
+the nodes of the pods using it."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import yaml
+
+from status_updater.claims import read_claim
+from status_updater.objects import claim_refs, slim_node, slim_pod
+from status_updater.state import ClusterState
+from tests.support.base import SAMPLES
+from topology.model import NodeTopology
+
+DRA = SAMPLES / "dra"
+NODES = list(yaml.safe_load_all((DRA / "nodes.yaml").read_text()))
+PODS = list(yaml.safe_load_all((DRA / "pods.yaml").read_text()))
+CLAIMS = list(yaml.safe_load_all((DRA / "claims.yaml").read_text()))
+
+
+def by_name(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return copy.deepcopy(next(o for o in objects if o["metadata"]["name"] == name))
+
+
+def claimed(state: ClusterState, node: str) -> dict[str, list[tuple[str, str, int | None]]]:
+    """device -> (pod, container, GI id of the instance) for each holder on the node."""
+    result = state.results[node]
+    assert isinstance(result, NodeTopology)
+    found: dict[str, list[tuple[str, str, int | None]]] = {}
+    for gpu in result.gpus:
+        for dev in gpu.mig_devices or ():
+            for c in dev.status.dra_claims if dev.status else ():
+                found.setdefault(c.device, []).append(
+                    (c.holder.pod, c.holder.container, dev.gpu_instance_id)
+                )
+    return found
+
+
+def h100_instances(state: ClusterState) -> list[tuple[str, int]]:
+    result = state.results["dra-h100"]
+    assert isinstance(result, NodeTopology)
+    return [(d.name, d.position) for d in result.gpus[0].mig_devices or ()]
+
+
+Event = Callable[[ClusterState], None]
+EVENTS: dict[str, Event] = {
+    "nodes": lambda s: s.reset_nodes(map(slim_node, NODES)),
+    "infer-small": lambda s: s.set_pod(slim_pod(by_name(PODS, "infer-small"))),
+    "dynamic-infer": lambda s: s.set_pod(slim_pod(by_name(PODS, "dynamic-infer"))),
+    "small-claim": lambda s: s.set_claim(read_claim(by_name(CLAIMS, "infer-small-mig-7xq2k"))),
+    "half-claim": lambda s: s.set_claim(read_claim(by_name(CLAIMS, "half-h100"))),
+}
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(EVENTS)), ids="-".join)
+def test_pods_and_claims_in_any_order_give_what_reading_them_at_once_gives(
+    order: tuple[str, ...],
+) -> None:
+    state = ClusterState()
+    for i, name in enumerate(order):
+        EVENTS[name](state)
+        if i % 2:
+            state.settle()  # some events settle alone, some together
+    state.settle()
+    pods = [by_name(PODS, "infer-small"), by_name(PODS, "dynamic-infer")]
+    at_once = ClusterState.of(NODES, pods, claims=CLAIMS)
+    assert state.results == at_once.results
+    assert claimed(state, "dra-h100") == {"gpu-0-mig-3g40gb-9-4": [("dynamic-infer", "ctr0", 2)]}
+    assert claimed(state, "dra-a100") == {
+        "gpu-0-mig-1g5gb-19-2": [("infer-small", "ctr0", claimed(at_once, "dra-a100")[
+            "gpu-0-mig-1g5gb-19-2"][0][2])]}  # fmt: skip
+
+
+def settled(*claims: str) -> ClusterState:
+    state = ClusterState()
+    state.reset_nodes(map(slim_node, NODES))
+    state.reset_pods(map(slim_pod, PODS))
+    state.reset_claims(read_claim(by_name(CLAIMS, c)) for c in claims)
+    state.settle()
+    return state
+
+
+def test_a_released_claim_takes_its_dynamic_instance_with_it_and_touches_only_its_node() -> None:
+    state = settled("half-h100", "infer-small-mig-7xq2k")
+    assert h100_instances(state) == [("3g.40gb", 4)]
+    released = by_name(CLAIMS, "half-h100")
+    del released["status"]  # deallocated: the driver destroys the instance at unprepare
+    state.set_claim(read_claim(released))
+    assert state.settle() == {"dra-h100"}
+    assert state.reconsidered == {"dra-h100"}
+    assert h100_instances(state) == []
+    assert claimed(state, "dra-a100")  # the other node's claim is as it was
+
+
+def test_a_deleted_claim_and_a_claim_moved_to_another_device_are_followed() -> None:
+    state = settled("half-h100")
+    moved = by_name(CLAIMS, "half-h100")
+    moved["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-0-mig-3g40gb-9-0"
+    state.set_claim(read_claim(moved))
+    state.settle()
+    assert h100_instances(state) == [("3g.40gb", 0)]
+    state.delete_claim(("gpu-test", "half-h100"))
+    state.settle()
+    assert h100_instances(state) == []
+
+
+def test_a_claim_not_yet_reserved_for_the_pod_gives_it_nothing() -> None:
+    pending = by_name(CLAIMS, "half-h100")
+    del pending["status"]["reservedFor"]  # allocated, the pod not admitted yet
+    state = settled()
+    state.set_claim(read_claim(pending))
+    state.settle()
+    assert h100_instances(state) == []
+
+
+def test_a_pod_gone_no_longer_follows_its_claim() -> None:
+    state = settled("half-h100")
+    state.delete_pod("gpu-test/dynamic-infer")
+    state.settle()
+    assert h100_instances(state) == []
+    state.delete_claim(("gpu-test", "half-h100"))
+    assert state.settle() == set()
+    assert state.reconsidered == set()  # nothing used it any more: no node computed again
+
+
+def test_a_claim_of_another_driver_or_namespace_is_not_the_pods() -> None:
+    other = by_name(CLAIMS, "half-h100")
+    other["status"]["allocation"]["devices"]["results"][0]["driver"] = "nic.example.com"
+    elsewhere = by_name(CLAIMS, "half-h100")
+    elsewhere["metadata"]["namespace"] = "team-b"
+    state = settled()
+    state.reset_claims([read_claim(other), read_claim(elsewhere)])
+    state.settle()
+    assert h100_instances(state) == []
+
+
+def test_a_pod_names_the_claims_of_its_entries_and_templates() -> None:
+    pod = by_name(PODS, "train-pair")
+    pod["spec"]["containers"].append(
+        {"name": "side", "resources": {"claims": [{"name": "own", "request": "gpu"}]}}
+    )
+    pod["spec"]["resourceClaims"].append({"name": "own", "resourceClaimName": "shared-gpu"})
+    pod["spec"]["resourceClaims"].append({"name": "unmade", "resourceClaimTemplateName": "t"})
+    assert claim_refs(pod) == [
+        {"container": "ctr0", "claim": "train-pair-migs-p4m9t", "request": ""},
+        {"container": "side", "claim": "shared-gpu", "request": "gpu"},
+    ]

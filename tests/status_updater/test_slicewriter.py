@@ -1,0 +1,237 @@
+"""`status_updater run --dra-node-selector`: the ResourceSlices it publishes on the API, as a
+scheduler (and `kubectl get resourceslices`) sees them. The daemon runs in this process against
+the emulator over HTTP, with the official client."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from status_updater.devices import build_node
+from status_updater.dra import DraOptions
+from status_updater.objects import slim_node
+from status_updater.resourceslices import node_slices
+from tests.status_updater.test_daemon import run_daemon
+from tests.status_updater.test_reconcile import whole_gpu_node
+from tests.support.base import SAMPLES
+from tests.support.kubeapi import JournalEntry, KubeAPI, eventually
+from topology.configmap import LABEL_MANAGED_BY, MANAGER
+
+NODES = list(yaml.safe_load_all((SAMPLES / "dra" / "nodes.yaml").read_text()))
+KWOK = DraOptions("type=kwok", dynamic_mig=True)
+STATIC = DraOptions("type=kwok", dynamic_mig=False)
+
+
+def sample(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A sample node, with these labels changed."""
+    node = copy.deepcopy(next(n for n in NODES if n["metadata"]["name"] == name))
+    node["metadata"]["labels"].update(labels or {})
+    return node
+
+
+def pool(kube: KubeAPI, node: str, ours: bool = True) -> dict[str, dict[str, Any]]:
+    """The slices of a node's pool the updater wrote (`ours`) or all of them, by name."""
+    return {
+        s["metadata"]["name"]: s
+        for s in kube.list_objects("resourceslices")
+        if s["spec"]["pool"]["name"] == node
+        and (not ours or (s["metadata"].get("labels") or {}).get(LABEL_MANAGED_BY) == MANAGER)
+    }
+
+
+def expected(kube: KubeAPI, name: str, dra: DraOptions) -> list[dict[str, Any]]:
+    """What the driver would publish for the Node as the API holds it (its uid the API's)."""
+    slim = slim_node(kube.get("nodes", name))
+    return node_slices(slim, build_node(slim), dynamic=dra.dynamic_mig)
+
+
+def published(kube: KubeAPI, name: str, dra: DraOptions) -> int | None:
+    """The pool's generation once it holds exactly what the driver would publish, all its
+    slices at that generation; None until then."""
+    found = pool(kube, name)
+    want = expected(kube, name, dra)
+    if set(found) != {s["metadata"]["name"] for s in want}:
+        return None
+    generations = {s["spec"]["pool"]["generation"] for s in found.values()}
+    if len(generations) != 1:
+        return None
+    for s in want:
+        have = found[s["metadata"]["name"]]
+        spec = {**have["spec"], "pool": {**have["spec"]["pool"], "generation": 1}}
+        if spec != s["spec"] or have["metadata"].get("ownerReferences") != s["metadata"].get(
+            "ownerReferences"
+        ):
+            return None
+    return generations.pop()
+
+
+def slice_writes(kube: KubeAPI) -> list[JournalEntry]:
+    return [
+        e
+        for e in kube.journal()
+        if "resourceslices" in e.path and e.method in ("POST", "PUT", "PATCH", "DELETE")
+    ]
+
+
+def allocate(kube: KubeAPI, pod: str) -> None:
+    """The sample pod, and its claim as the scheduler allocates it (reserved for the pod's uid,
+    which the API gave it)."""
+    body = next(p for p in yaml.safe_load_all((SAMPLES / "dra" / "pods.yaml").read_text())
+                if p["metadata"]["name"] == pod)  # fmt: skip
+    uid = kube.create("pods", body, namespace="gpu-test")["metadata"]["uid"]
+    for claim in yaml.safe_load_all((SAMPLES / "dra" / "claims.yaml").read_text()):
+        reserved = claim["status"]["reservedFor"]
+        if reserved[0]["name"] == pod:
+            reserved[0]["uid"] = uid
+            kube.create("resourceclaims", claim, namespace="gpu-test")
+
+
+def topology_text(kube: KubeAPI, node: str) -> str:
+    cm = kube.find("configmaps", f"topology-{node}", "gpu-ops")
+    return cm["data"]["topology.yml"] if cm else ""
+
+
+def foreign_slice(node: str) -> dict[str, Any]:
+    """A slice the real driver published (generateName's random tail, no label of ours)."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-gpu.nvidia.com-x7k2p"},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                     "pool": {"name": node, "generation": 7, "resourceSliceCount": 1},
+                     "devices": [{"name": "gpu-0"}]}}  # fmt: skip
+
+
+def test_the_selected_gpu_nodes_get_the_drivers_slices_and_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with KubeAPI.start() as kube:
+        for node in NODES:
+            kube.create("nodes", node)
+        kube.create("nodes", whole_gpu_node("k80"))  # a GPU node the selector does not pick
+        kube.create("nodes", {"metadata": {"name": "cpu", "labels": {"type": "kwok"}}})
+        kube.create("resourceslices", foreign_slice("k80"))
+
+        def scenario() -> None:
+            for name in ("dra-a100", "dra-h100"):
+                assert eventually(lambda n=name: published(kube, n, KWOK), timeout=10) == 1
+            for s in kube.list_objects("resourceslices"):
+                kubernetes_validate.validate(s, "1.35", strict=True)
+            # The owner is the Node as the API holds it: the garbage collector deletes them.
+            owner = pool(kube, "dra-a100")["00000-gpu.nvidia.com-dra-a100"]["metadata"]
+            assert (
+                owner["ownerReferences"][0]["uid"]
+                == kube.get("nodes", "dra-a100")["metadata"]["uid"]
+            )
+            assert owner["labels"] == {LABEL_MANAGED_BY: MANAGER}
+            assert len(pool(kube, "dra-a100")) == 3  # the counter sets, then a slice per GPU
+            (left,) = pool(kube, "k80", ours=False).values()  # the driver's, as it was
+            assert left["spec"] == foreign_slice("k80")["spec"]
+            assert not pool(kube, "cpu")  # no GPU node: nothing to offer
+            # What does not change a node's devices writes no slice again: a pod given one.
+            before = len(slice_writes(kube))
+            kube.patch("nodes", "dra-h100", {"metadata": {"annotations": {"note": "x"}}})
+            allocate(kube, "dynamic-infer")
+            eventually(lambda: "dra-claims" in topology_text(kube, "dra-h100"), timeout=5)
+            assert len(slice_writes(kube)) == before
+
+        assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario, KWOK) == 0
+
+
+def test_a_node_whose_devices_change_is_published_again_under_the_next_generation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with KubeAPI.start() as kube:
+        kube.create("nodes", sample("dra-a100", {"nvidia.com/mig.config": "all-enabled"}))
+
+        def scenario() -> None:
+            assert eventually(lambda: published(kube, "dra-a100", KWOK), timeout=10) == 1
+            assert len(pool(kube, "dra-a100")) == 3
+            # MIG off: two whole GPUs, no counters: two slices, the third deleted.
+            labels = {"nvidia.com/mig.config": "all-disabled"}
+            kube.patch("nodes", "dra-a100", {"metadata": {"labels": labels}})
+            assert eventually(lambda: published(kube, "dra-a100", KWOK), timeout=5) == 2
+            devices = [d["name"] for s in pool(kube, "dra-a100").values()
+                       for d in s["spec"].get("devices", [])]  # fmt: skip
+            assert sorted(devices) == ["gpu-0", "gpu-1"]
+            assert {s["spec"]["pool"]["resourceSliceCount"]
+                    for s in pool(kube, "dra-a100").values()} == {2}  # fmt: skip
+
+        assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario, KWOK) == 0
+
+
+def test_slices_edited_or_deleted_by_someone_are_repaired_and_others_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with KubeAPI.start() as kube:
+        kube.create("nodes", sample("dra-a100"))
+        kube.create("resourceslices", foreign_slice("dra-a100"))
+
+        def scenario() -> None:
+            assert eventually(lambda: published(kube, "dra-a100", STATIC), timeout=10) == 1
+            name = "00000-gpu.nvidia.com-dra-a100"
+            edited = copy.deepcopy(pool(kube, "dra-a100")[name])
+            edited["spec"]["devices"] = edited["spec"]["devices"][:1]
+            kube.replace("resourceslices", name, edited)
+            # The watch sees it (the resync is 30 s away): written again, a newer generation.
+            assert eventually(lambda: published(kube, "dra-a100", STATIC), timeout=5) == 2
+            kube.delete("resourceslices", name)
+            assert eventually(lambda: published(kube, "dra-a100", STATIC), timeout=5) == 3
+            assert (
+                kube.get("resourceslices", "dra-a100-gpu.nvidia.com-x7k2p")["spec"]["pool"]
+                == foreign_slice("dra-a100")["spec"]["pool"]
+            )
+
+        assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario, STATIC) == 0
+
+
+def test_slices_go_with_their_node_and_a_restart_keeps_what_is_right(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with KubeAPI.start() as kube:
+        for node in NODES:
+            kube.create("nodes", node)
+        # Left by a run before: the slices of a node deleted while the updater was down.
+        gone = copy.deepcopy(foreign_slice("gone"))
+        gone["metadata"] = {"name": "00000-gpu.nvidia.com-gone",
+                            "labels": {LABEL_MANAGED_BY: MANAGER}}  # fmt: skip
+        kube.create("resourceslices", gone)
+
+        def first() -> None:
+            eventually(lambda: published(kube, "dra-h100", KWOK), timeout=10)
+            eventually(lambda: not pool(kube, "gone"))
+
+        assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, first, KWOK) == 0
+        writes = len(slice_writes(kube))
+
+        def second() -> None:
+            eventually(lambda: kube.find("configmaps", "topology-dra-h100", "gpu-ops"))
+            assert published(kube, "dra-h100", KWOK) == 1  # it holds what it should: kept
+            assert len(slice_writes(kube)) == writes
+            kube.delete("nodes", "dra-h100")
+            eventually(lambda: not pool(kube, "dra-h100"), timeout=5)
+            # No longer selected: its slices go, the node stays.
+            kube.patch("nodes", "dra-a100", {"metadata": {"labels": {"type": None}}})
+            eventually(lambda: not pool(kube, "dra-a100"), timeout=5)
+
+        assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, second, KWOK) == 0
+
+
+def test_without_the_dra_api_the_configmaps_are_still_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with KubeAPI.start() as kube:
+        node = whole_gpu_node("k80")
+        node["metadata"]["labels"]["type"] = "kwok"
+        kube.create("nodes", node)
+        # A cluster before Kubernetes 1.34: resource.k8s.io/v1 is not served.
+        for plural in ("resourceslices", "resourceclaims"):
+            kube.fail_next(10**6, status=404, plural=plural)
+
+        def scenario() -> None:
+            eventually(lambda: kube.find("configmaps", "topology-k80", "gpu-ops"), timeout=10)
+
+        assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario, KWOK) == 0
