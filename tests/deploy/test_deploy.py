@@ -31,6 +31,7 @@ import yaml
 
 from status_updater.cli import parser as updater_parser
 from tests.support.base import ROOT
+from tests.support.rbac import allowed
 from topology.migparted import DEFAULT_CONFIGMAP
 
 REPO = ROOT
@@ -44,12 +45,14 @@ INSTALLS = {
     "per-node": DEPLOY,
     "single-layout": DEPLOY / "single-layout",
     "all-nodes": DEPLOY / "all-nodes",
+    "dra": DEPLOY / "dra",
 }
 
 # Newest Kubernetes release kubernetes-validate 1.37 ships schemas for, and the oldest
 # release these manifests are meant to work on; every object is validated against both.
 KUBE_VERSION = "1.37"
 MIN_KUBE_VERSION = "1.28"
+DRA_MIN_KUBE_VERSION = "1.34"  # resource.k8s.io/v1: what deploy/dra/ needs
 
 NAMESPACE = "gpu-operator"
 IMAGE = "mig-exporter:0.1.0"
@@ -64,7 +67,7 @@ PORT_NAME = "gpu-metrics"
 PORT = 9400
 NONROOT_UID = 65532
 
-CLUSTER_SCOPED_KINDS = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+CLUSTER_SCOPED_KINDS = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass"}
 BASE_OBJECTS = {
     ("Namespace", NAMESPACE),
     ("ServiceAccount", EXPORTER),
@@ -81,12 +84,17 @@ BASE_OBJECTS = {
     ("ServiceMonitor", EXPORTER),
     ("PrometheusRule", "mig-exporter"),
 }
+ALL_NODES_OBJECTS = BASE_OBJECTS | {(kind, ALL_NODES) for kind in (
+    "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
+    "Deployment", "Service", "ServiceMonitor")}  # fmt: skip
+UPDATER_DRA = "topology-status-updater-dra"
 EXPECTED_OBJECTS = {
     "per-node": BASE_OBJECTS,
     "single-layout": BASE_OBJECTS | {("ConfigMap", TOPOLOGY_CM)},
-    "all-nodes": BASE_OBJECTS | {(kind, ALL_NODES) for kind in (
-        "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
-        "Deployment", "Service", "ServiceMonitor")},
+    "all-nodes": ALL_NODES_OBJECTS,
+    "dra": ALL_NODES_OBJECTS | {("ClusterRole", UPDATER_DRA), ("ClusterRoleBinding", UPDATER_DRA),
+                                ("DeviceClass", "gpu.nvidia.com"),
+                                ("DeviceClass", "mig.nvidia.com")},
 }  # fmt: skip
 READ_VERBS = {"get", "list", "watch"}
 
@@ -334,27 +342,6 @@ def quantity(value: str | int) -> float:
 # -------------------------------------------------------------------------------- RBAC
 
 
-def _matches(values: list[str], wanted: str) -> bool:
-    return "*" in values or wanted in values
-
-
-def allowed(
-    rules: list[dict[str, Any]], verb: str, resource: str, group: str = "", name: str | None = None
-) -> bool:
-    """RBAC semantics of a set of PolicyRules for one request (name=None: unnamed)."""
-    for rule in rules:
-        if not (
-            _matches(rule.get("apiGroups", []), group)
-            and _matches(rule.get("resources", []), resource)
-            and _matches(rule.get("verbs", []), verb)
-        ):
-            continue
-        names = rule.get("resourceNames")
-        if not names or (name is not None and name in names):
-            return True
-    return False
-
-
 def bound_rules(
     objs: list[dict[str, Any]], service_account: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -391,6 +378,8 @@ def test_manifest_validates_against_kubernetes_schema(
     where: str, doc: dict[str, Any], version: str
 ) -> None:
     del where  # only for the test id
+    if doc["apiVersion"].startswith("resource.k8s.io/") and version == MIN_KUBE_VERSION:
+        version = DRA_MIN_KUBE_VERSION  # deploy/dra/ needs the GA DRA API
     crd_schema = CRD_SCHEMAS.get((doc["apiVersion"], doc["kind"]))
     if crd_schema is None:
         try:
@@ -455,11 +444,18 @@ def test_kustomizations_list_every_manifest() -> None:
     )
     # Image override point, for every install: `kustomize edit set image mig-exporter=REGISTRY/...`.
     assert [i["name"] for i in base["images"]] == ["mig-exporter"]
-    # Every install builds on base/ (with the field old kustomize knows) and adds its own files.
+    # Every install builds on base/ (with the field old kustomize knows), directly or through
+    # another install, and adds its own files.
     for name, directory in INSTALLS.items():
         k = kustomization(directory)
-        assert k["namespace"] == NAMESPACE, name
-        assert [(directory / b).resolve() for b in k["bases"]] == [BASE], name
+        if name == "dra":  # kustomize would namespace the DeviceClasses: see its kustomization
+            assert "namespace" not in k
+        else:
+            assert k["namespace"] == NAMESPACE, name
+        chain = [(directory / b).resolve() for b in k["bases"]]
+        while chain[-1] != BASE and chain[-1] in INSTALLS.values():
+            chain += [(chain[-1] / b).resolve() for b in kustomization(chain[-1])["bases"]]
+        assert chain[-1] == BASE and len(chain) <= 2, name
         own = {p.name for p in directory.glob("*.yaml")
                if p.name != "kustomization.yaml" and p != ONE_FILE}  # fmt: skip
         assert own == set(k.get("resources", [])) | set(k.get("patchesStrategicMerge", [])), name
@@ -487,8 +483,10 @@ def test_kustomize_renders_expected_objects(install: str) -> None:
     keys = [(o["kind"], o["metadata"]["name"]) for o in objs]
     assert len(keys) == len(set(keys)), f"duplicate objects: {keys}"
     assert set(keys) == EXPECTED_OBJECTS[install]
-    # The rendered set is exactly what base/ and the install's own files hold.
-    files = [*BASE.glob("*.yaml"), *INSTALLS[install].glob("*.yaml")]
+    # The rendered set is exactly what base/, the install it builds on and its own files hold.
+    built_on = [INSTALLS["all-nodes"]] if install == "dra" else []
+    files = [*BASE.glob("*.yaml"), *(p for d in [*built_on, INSTALLS[install]]
+                                     for p in d.glob("*.yaml"))]  # fmt: skip
     files = [p for p in files if p in manifest_files()]
     assert set(keys) == {(d["kind"], d["metadata"]["name"]) for _, d in source_docs(files)}
 
@@ -678,7 +676,7 @@ def test_single_layout_install() -> None:
 def test_pods_are_locked_down(install: str) -> None:
     specs = dict(pod_specs(render(install)))
     expected = {f"DaemonSet/{EXPORTER}", f"Deployment/{UPDATER}"}
-    if install == "all-nodes":
+    if install in ("all-nodes", "dra"):
         expected.add(f"Deployment/{ALL_NODES}")
     assert set(specs) == expected
     for where, pod in specs.items():
@@ -915,3 +913,50 @@ def test_rbac_is_least_privilege_in_every_install(install: str) -> None:
             for rule in rules:
                 assert set(rule["verbs"]) <= READ_VERBS, (account, rule)
                 assert not {"secrets", "leases"} & set(rule["resources"]), (account, rule)
+
+
+def test_dra_install() -> None:
+    """deploy/dra/: the driver's DeviceClasses, the updater publishing for the nodes the
+    all-nodes exporter serves with DRA labels, and RBAC for what DRA adds, nothing more."""
+    rendered = render("dra")
+    for name, device_type in (("gpu.nvidia.com", "gpu"), ("mig.nvidia.com", "mig")):
+        spec = find(rendered, "DeviceClass", name)["spec"]
+        assert spec["selectors"] == [{"cel": {"expression": (
+            f"device.driver == 'gpu.nvidia.com' && "
+            f"device.attributes['gpu.nvidia.com'].type == '{device_type}'")}}]  # fmt: skip
+    assert find(rendered, "DeviceClass", "gpu.nvidia.com")["spec"]["extendedResourceName"] == (
+        "nvidia.com/gpu"
+    )
+    assert "extendedResourceName" not in find(rendered, "DeviceClass", "mig.nvidia.com")["spec"]
+
+    # The updater's selector is valid and the one the all-nodes exporter serves; dynamic MIG off.
+    [updater] = find(rendered, "Deployment", UPDATER)["spec"]["template"]["spec"]["containers"]
+    env = {k: v["value"] for k, v in env_of(updater).items() if "value" in v}
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        args = updater_parser().parse_args(updater["args"][1:])  # after `python -m status_updater`
+    assert (args.dra_node_selector, args.dra_dynamic_mig) == ("type=kwok", False)
+    [exporter] = find(rendered, "Deployment", ALL_NODES)["spec"]["template"]["spec"]["containers"]
+    selector = exporter["args"][exporter["args"].index("--node-selector") + 1]
+    assert selector == args.dra_node_selector
+    assert env_of(exporter)["KUBERNETES_ENABLE_DRA"]["value"] == "true"
+    # The DaemonSet (real nodes) keeps the run:ai label set.
+    [daemon] = find(rendered, "DaemonSet", EXPORTER)["spec"]["template"]["spec"]["containers"]
+    assert "KUBERNETES_ENABLE_DRA" not in env_of(daemon)
+
+    cluster, _ = bound_rules(rendered, UPDATER)
+    for verb in ("create", "get", "list", "watch", "update", "delete"):
+        assert allowed(cluster, verb, "resourceslices", "resource.k8s.io", "s"), verb
+    for verb in READ_VERBS:
+        assert allowed(cluster, verb, "resourceclaims", "resource.k8s.io", "c"), verb
+    for verb in ("create", "update", "patch", "delete"):
+        assert not allowed(cluster, verb, "resourceclaims", "resource.k8s.io", "c"), verb
+    assert not allowed(cluster, "create", "deviceclasses", "resource.k8s.io")
+    granted = {(g, r) for rule in cluster for g in rule["apiGroups"] for r in rule["resources"]}
+    assert granted == {("", "nodes"), ("", "pods"), ("resource.k8s.io", "resourceslices"),
+                       ("resource.k8s.io", "resourceclaims")}  # fmt: skip
+    # The exporters get nothing of DRA: they read ConfigMaps.
+    for account in (EXPORTER, ALL_NODES):
+        rules = [r for found in bound_rules(rendered, account) for r in found]
+        assert all("resource.k8s.io" not in r["apiGroups"] for r in rules)

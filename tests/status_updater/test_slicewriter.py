@@ -16,10 +16,12 @@ from status_updater.devices import build_node
 from status_updater.dra import DraOptions
 from status_updater.objects import slim_node
 from status_updater.resourceslices import node_slices
+from tests.deploy.test_deploy import UPDATER, bound_rules, render
 from tests.status_updater.test_daemon import run_daemon
 from tests.status_updater.test_reconcile import whole_gpu_node
 from tests.support.base import SAMPLES
 from tests.support.kubeapi import JournalEntry, KubeAPI, eventually
+from tests.support.rbac import allowed, request_of
 from topology.configmap import LABEL_MANAGED_BY, MANAGER
 
 NODES = list(yaml.safe_load_all((SAMPLES / "dra" / "nodes.yaml").read_text()))
@@ -74,8 +76,23 @@ def slice_writes(kube: KubeAPI) -> list[JournalEntry]:
     return [
         e
         for e in kube.journal()
-        if "resourceslices" in e.path and e.method in ("POST", "PUT", "PATCH", "DELETE")
+        if not e.harness
+        and "resourceslices" in e.path
+        and e.method in ("POST", "PUT", "PATCH", "DELETE")
     ]
+
+
+def assert_the_dra_install_allows_what_was_asked(kube: KubeAPI) -> None:
+    """Each DRA request the updater made (resource.k8s.io) is one deploy/dra/'s RBAC grants its
+    ServiceAccount."""
+    cluster, _ = bound_rules(render("dra"), UPDATER)
+    asked = {r for e in kube.journal() if not e.harness and (r := request_of(e)) is not None}
+    dra = {r for r in asked if r.group == "resource.k8s.io"}
+    assert {(r.verb, r.resource) for r in dra} >= {("list", "resourceclaims"),
+                                                   ("watch", "resourceclaims"),
+                                                   ("create", "resourceslices")}  # fmt: skip
+    for r in dra:
+        assert allowed(cluster, r.verb, r.resource, r.group, r.name), r
 
 
 def allocate(kube: KubeAPI, pod: str) -> None:
@@ -161,6 +178,7 @@ def test_a_node_whose_devices_change_is_published_again_under_the_next_generatio
                     for s in pool(kube, "dra-a100").values()} == {2}  # fmt: skip
 
         assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario, KWOK) == 0
+        assert_the_dra_install_allows_what_was_asked(kube)
 
 
 def test_slices_edited_or_deleted_by_someone_are_repaired_and_others_left_alone(
@@ -186,6 +204,7 @@ def test_slices_edited_or_deleted_by_someone_are_repaired_and_others_left_alone(
             )
 
         assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario, STATIC) == 0
+        assert_the_dra_install_allows_what_was_asked(kube)
 
 
 def test_slices_go_with_their_node_and_a_restart_keeps_what_is_right(
@@ -218,6 +237,7 @@ def test_slices_go_with_their_node_and_a_restart_keeps_what_is_right(
             eventually(lambda: not pool(kube, "dra-a100"), timeout=5)
 
         assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, second, KWOK) == 0
+        assert_the_dra_install_allows_what_was_asked(kube)
 
 
 def test_without_the_dra_api_the_configmaps_are_still_written(

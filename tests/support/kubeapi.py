@@ -231,6 +231,7 @@ class JournalEntry:
     path: str
     params: Mapping[str, str]
     fault: int | None  # the injected status, if this request was failed on purpose (0: dropped)
+    harness: bool = False  # sent by the test (KubeAPI), not by a daemon
 
 
 @dataclasses.dataclass(frozen=True)
@@ -378,6 +379,7 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
                 path=request.url.path,
                 params=dict(request.params),
                 fault=fault.status if fault else None,
+                harness=request.headers.get(HARNESS_HEADER) is not None,
             )
         )
         if fault is not None:
