@@ -22,7 +22,7 @@ from status_updater.objects import (
 )
 from status_updater.placement import dra, requested, runai, shared, whole
 from status_updater.placement.board import Board, Policy
-from status_updater.placement.kept import held_devices, held_replicas, named_holders
+from status_updater.placement.kept import dra_holders, held_devices, held_replicas, named_holders
 from topology.errors import TopologyError
 from topology.model import NodeTopology
 
@@ -55,7 +55,7 @@ def place_pods(
     replicas = {uid: held for uid, held in held_replicas(node, previous).items() if uid in live}
     board = Board(name, node, single, kept, replicas, named_holders(node, previous))
     # Pods that held devices place first, then new pods, oldest first, in what is left.
-    holders = kept.keys() | replicas.keys()
+    holders = kept.keys() | replicas.keys() | dra_holders(previous)
     for pod in sorted(holding, key=lambda p: (pod_uid(p) not in holders, pod_order(p))):
         try:
             _place(board, pod, warnings)

@@ -70,3 +70,18 @@ def named_holders(
         for g, d, status in _kept_statuses(node, previous)
         if status.replicas and status.allocated_by is not None
     }
+
+
+def dra_holders(previous: NodeTopology | None) -> frozenset[str]:
+    """The pods that held a device through DRA claims in `previous`. A partition's instance was
+    made for its claim, so the node's devices (`held_devices`) never have it: these pods place
+    first all the same, and a claim allocated later over the same memory never takes it."""
+    if previous is None:
+        return frozenset()
+    statuses = [
+        status
+        for gpu in previous.gpus
+        for status in (gpu.status, *(d.status for d in gpu.mig_devices or ()))
+        if status is not None and status.dra_claims
+    ]
+    return frozenset(uid for status in statuses for uid in status.pod_gpu_usage_status)

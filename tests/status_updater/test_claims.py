@@ -151,3 +151,29 @@ def test_a_pod_names_the_claims_of_its_entries_and_templates() -> None:
         {"container": "ctr0", "claim": "train-pair-migs-p4m9t", "request": ""},
         {"container": "side", "claim": "shared-gpu", "request": "gpu"},
     ]
+
+
+@pytest.mark.parametrize("name", ["a-first", "z-last"])
+def test_a_claim_allocated_later_over_an_instance_never_takes_it_from_its_holder(
+    name: str,
+) -> None:
+    """Whatever the newcomer's name (pods of one second are placed by name) and whether it is
+    older: the pod holding the made instance keeps it, and the overlapping claim holds nothing
+    until it goes."""
+    state = settled("half-h100")
+    assert h100_instances(state) == [("3g.40gb", 4)]
+    pod = by_name(PODS, "dynamic-infer")
+    pod["metadata"].update(name=name, uid=f"uid-{name}", creationTimestamp="2020-01-01T00:00:00Z")
+    pod["spec"]["resourceClaims"][0]["resourceClaimName"] = "whole-h100"
+    claim = by_name(CLAIMS, "half-h100")
+    claim["metadata"]["name"] = "whole-h100"
+    claim["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-0-mig-7g80gb-0-0"
+    claim["status"]["reservedFor"] = [{"resource": "pods", "name": name, "uid": f"uid-{name}"}]
+    state.set_pod(slim_pod(pod))
+    state.set_claim(read_claim(claim))
+    state.settle()
+    assert claimed(state, "dra-h100") == {"gpu-0-mig-3g40gb-9-4": [("dynamic-infer", "ctr0", 2)]}
+    assert any("overlaps instance 3g.40gb@4" in str(w) for w in state.node_warnings("dra-h100"))
+    state.delete_claim(("gpu-test", "half-h100"))
+    state.settle()
+    assert claimed(state, "dra-h100") == {"gpu-0-mig-7g80gb-0-0": [(name, "ctr0", 0)]}
