@@ -98,6 +98,13 @@ KINDS: dict[str, Kind] = {
         # DRA (resource.k8s.io/v1, GA since Kubernetes 1.34): what the DRA mode reads and writes.
         Kind("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False),
         Kind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True),
+        Kind(
+            "resource.k8s.io",
+            "v1",
+            "resourceclaimtemplates",
+            "ResourceClaimTemplate",
+            namespaced=True,
+        ),
         Kind("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False),
     )
 }
