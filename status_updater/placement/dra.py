@@ -2,7 +2,8 @@
 against the node's ResourceSlices); each container using a claim is one `dra-claims` entry on
 the device it names, as dcgm-exporter's DRA mode labels it.
 
-`gpu-<minor>` is the whole GPU. A static MIG device is the instance at its placement. With dynamic
+`gpu-<minor>` is the whole GPU; on a Hopper or newer GPU with MIG on and no instance (the
+driver's dynamic MIG offers it so) the driver turns MIG off to hand it out whole. A static MIG device is the instance at its placement. With dynamic
 MIG the device is a partition: the driver creates its instance when the claim is prepared, so it
 is added here, with the GI id the catalog's rule gives that placement and a `MIG-` id stable for
 node, GPU and GI (and it goes with the claim). A device that is not on the node, or a partition
@@ -34,22 +35,30 @@ Target = tuple[int, int | MigDevice | None]
 
 
 def _target(
-    board: Board, name: str, made: list[tuple[int, MigDevice]], obj: str, field: str
+    board: Board,
+    name: str,
+    made: list[tuple[int, MigDevice]],
+    whole: set[int],
+    obj: str,
+    field: str,
 ) -> Target:
     """The board's device the driver's name stands for: (GPU, None) for the whole GPU, (GPU,
     index) for an instance, (GPU, MigDevice) for a partition whose instance is to be made
-    (`made`: those made for the pod so far)."""
+    (`made`: those made for the pod so far; `whole`: the GPUs it was given whole so far)."""
     parsed = dra.parse_device(name, board.model)
     if parsed is None or parsed.minor >= len(board.gpus):
         raise TopologyError(obj, field, f"device {name} is not on node {board.name}: not placed")
     g = parsed.minor
     devices = board.migs[g]
     if parsed.profile is None:
-        if devices is not None:
+        toggles = board.model is not None and board.model.architecture != "Ampere"
+        if devices is not None and (devices or not toggles or any(mg == g for mg, _ in made)):
             raise TopologyError(obj, field, f"device {name}: GPU {g} has MIG on: not placed")
+        whole.add(g)
         return g, None
-    if devices is None:
-        raise TopologyError(obj, field, f"device {name}: GPU {g} has MIG off: not placed")
+    if devices is None or g in whole:
+        why = "is handed out whole" if g in whole else "has MIG off"
+        raise TopologyError(obj, field, f"device {name}: GPU {g} {why}: not placed")
     profile, start = parsed.profile, parsed.start
     assert start is not None and board.model is not None  # parse_device found both
     for d, dev in enumerate(devices):
@@ -76,12 +85,15 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
     obj, uid = pod_ref(pod), pod_uid(pod)
     namespace, pod_name = names(pod)
     made: list[tuple[int, MigDevice]] = []
+    whole: set[int] = set()
     found: list[tuple[Target, DraClaim]] = []
     for h in _holds(board, pod):  # every device first: a pod that does not fit holds nothing
         field = f"claims[{h['claim-namespace']}/{h['claim']}]"
         holder = AllocatedBy(namespace, pod_name, h["container"])
         claim = DraClaim(holder, h["claim"], h["claim-namespace"], h["device"], h["pool"])
-        found.append((_target(board, h["device"], made, obj, field), claim))
+        found.append((_target(board, h["device"], made, whole, obj, field), claim))
+    for g in whole:
+        board.migs[g] = None  # handed out whole: MIG off, if it was on without instances
     made_at: dict[tuple[int, int], int] = {}  # (GPU, start) of a made instance -> its index
     for g, dev in made:
         devices = board.migs[g]

@@ -8,14 +8,20 @@ import copy
 import itertools
 from collections.abc import Callable
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 import yaml
 
 from status_updater.claims import read_claim
+from status_updater.devices import build_node
 from status_updater.objects import claim_refs, slim_node, slim_pod
+from status_updater.resourceslices import node_slices
 from status_updater.state import ClusterState
+from tests.status_updater.test_resourceslices import gpu_node
 from tests.support.base import SAMPLES
+from topology.catalog import MODELS
+from topology.errors import TopologyError
 from topology.model import NodeTopology
 
 DRA = SAMPLES / "dra"
@@ -34,6 +40,8 @@ def claimed(state: ClusterState, node: str) -> dict[str, list[tuple[str, str, in
     assert isinstance(result, NodeTopology)
     found: dict[str, list[tuple[str, str, int | None]]] = {}
     for gpu in result.gpus:
+        for c in gpu.status.dra_claims if gpu.status else ():
+            found.setdefault(c.device, []).append((c.holder.pod, c.holder.container, None))
         for dev in gpu.mig_devices or ():
             for c in dev.status.dra_claims if dev.status else ():
                 found.setdefault(c.device, []).append(
@@ -177,3 +185,64 @@ def test_a_claim_allocated_later_over_an_instance_never_takes_it_from_its_holder
     state.delete_claim(("gpu-test", "half-h100"))
     state.settle()
     assert claimed(state, "dra-h100") == {"gpu-0-mig-7g80gb-0-0": [(name, "ctr0", 0)]}
+
+
+def offered() -> list[Any]:
+    """(model, mode, device name) of every device the slices offer on a one-GPU node: MIG off,
+    static MIG as mig-parted's all-balanced layout builds it, and every partition."""
+    cases = []
+    for model in MODELS:
+        for layout, dynamic in ((None, False), ("all-balanced", False), ("all-enabled", True)):
+            node = gpu_node("n", model.product_labels[0], 1, layout)
+            try:
+                found = node_slices(node, build_node(node), dynamic=dynamic)
+            except TopologyError:
+                continue  # a layout the model has no profiles for
+            mode = f"{layout or 'mig-off'}{'-dynamic' if dynamic else ''}"
+            cases += [pytest.param(node, d["name"], id=f"{model.key}-{mode}-{d['name']}")
+                      for s in found for d in s["spec"].get("devices", [])]  # fmt: skip
+    return cases
+
+
+@pytest.mark.parametrize(("node", "device"), offered())
+def test_every_device_the_slices_offer_is_placed_when_a_claim_is_given_it(
+    node: dict[str, Any], device: str
+) -> None:
+    """What the updater publishes, the scheduler may allocate: each device, claimed alone on the
+    empty node, is held by the pod with no warning."""
+    pod = by_name(PODS, "dynamic-infer")
+    pod["spec"]["nodeName"] = "n"
+    claim = by_name(CLAIMS, "half-h100")
+    claim["status"]["allocation"]["devices"]["results"][0].update(pool="n", device=device)
+    state = ClusterState()
+    state.set_node(node)
+    state.set_pod(slim_pod(pod))
+    state.set_claim(read_claim(claim))
+    state.settle()
+    assert state.node_warnings("n") == []
+    assert claimed(state, "n") == {device: [("dynamic-infer", "ctr0", ANY)]}
+
+
+def test_a_hopper_gpu_handed_out_whole_turns_mig_off_and_is_never_also_partitioned() -> None:
+    """Dynamic MIG offers an H100 with MIG on whole too: given whole, the GPU is shown with MIG
+    off (the driver turns it off); a pod also given a partition of it holds nothing."""
+    whole = by_name(CLAIMS, "half-h100")
+    whole["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-0"
+    state = settled()
+    state.set_claim(read_claim(whole))
+    state.settle()
+    result = state.results["dra-h100"]
+    assert isinstance(result, NodeTopology)
+    assert result.gpus[0].mig_devices is None
+    assert claimed(state, "dra-h100") == {"gpu-0": [("dynamic-infer", "ctr0", None)]}
+    both = copy.deepcopy(whole)
+    both["status"]["allocation"]["devices"]["results"].append(
+        {"request": "mig", "driver": "gpu.nvidia.com", "pool": "dra-h100",
+         "device": "gpu-0-mig-1g10gb-19-0"})  # fmt: skip
+    state.set_claim(read_claim(both))
+    state.settle()
+    assert claimed(state, "dra-h100") == {}
+    assert [str(w) for w in state.node_warnings("dra-h100")] == [
+        "pod gpu-test/dynamic-infer: claims[gpu-test/half-h100]: device gpu-0-mig-1g10gb-19-0: "
+        "GPU 0 is handed out whole: not placed"
+    ]
