@@ -16,9 +16,9 @@ from common.process import CLUSTER_ENVIRONMENT, not_utf8
 from common.yamlload import SafeDumper
 from kube.api import port
 from status_updater.devices import build_node
-from status_updater.dra import DraOptions, add_dra_arguments
+from status_updater.dra import SELECTED, DraOptions, add_dra_arguments, node_slimmer
 from status_updater.inputs import InputError, load_objects
-from status_updater.objects import Obj, is_gpu_node, metadata, node_name, slim_node, strings
+from status_updater.objects import Obj, is_gpu_node, node_name
 from status_updater.reconcile import document
 from status_updater.resourceslices import node_slices
 from status_updater.state import ClusterState
@@ -88,11 +88,11 @@ def dra_slices(
     and a line for each node that has none."""
     items: list[dict[str, Any]] = []
     problems: list[str] = []
-    selects = dra.selector()
+    slim_of = node_slimmer(dra)  # as the updater's Node informer keeps them
     for node in sorted(nodes, key=node_name):
-        if not is_gpu_node(node) or not selects(strings(metadata(node).get("labels"))):
+        slim = slim_of(node)
+        if not is_gpu_node(slim) or not slim.get(SELECTED):
             continue
-        slim = slim_node(node)
         try:
             items += node_slices(slim, build_node(slim, layouts), dynamic=dra.dynamic_mig)
         except TopologyError as e:

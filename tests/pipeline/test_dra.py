@@ -171,3 +171,19 @@ def test_a_broken_claim_never_harms_the_others(
     }
     assert {("train-pair", "gpu-1-mig-1g5gb-19-2"), ("train-pair", "gpu-1-mig-1g5gb-19-3"),
             ("dynamic-infer", "gpu-0-mig-3g40gb-9-4")} <= held  # fmt: skip
+
+
+def test_the_samples_slices_and_series_name_one_driver_version(tmp_path: Path) -> None:
+    """The slices' `driverVersion` (from GFD's labels) is the version the series carry in
+    DCGM_FI_DRIVER_VERSION, each in its own form (520.56.6 and 520.56.06)."""
+    done = run_cli("status_updater", "render", "--nodes", str(DRA / "nodes.yaml"),
+                   "--resource-slices", "--dra-dynamic-mig")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    versions = {
+        d["attributes"]["driverVersion"]["version"]
+        for s in yaml.safe_load(done.stdout)["items"]
+        for d in s["spec"].get("devices", [])
+    }
+    topology, _ = render(tmp_path, claims())
+    served = {s.label("DCGM_FI_DRIVER_VERSION") for s in serve(topology)}
+    assert len(served) == 1 and versions == {".".join(str(int(p)) for p in served.pop().split("."))}
