@@ -36,14 +36,18 @@ from topology.model import NodeTopology
 log = logging.getLogger(__name__)
 
 
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _digest(obj: Mapping[str, Any]) -> str:
     """What a slice says, its pool's generation left out: the same devices under a newer
     generation are the same slice."""
-    meta = obj.get("metadata") or {}
-    spec = dict(obj.get("spec") or {})
-    spec["pool"] = {**(spec.get("pool") or {}), "generation": 0}
+    meta = _map(obj.get("metadata"))
+    spec = dict(_map(obj.get("spec")))
+    spec["pool"] = {**_map(spec.get("pool")), "generation": 0}
     said = {"labels": meta.get("labels"), "owners": meta.get("ownerReferences"), "spec": spec}
-    return hashlib.sha256(json.dumps(said, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(said, sort_keys=True, default=str).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -58,16 +62,16 @@ class Observed:
 
 def observe(obj: Mapping[str, Any]) -> tuple[str, Observed | None]:
     """(name, what it holds); None when the slice is not one the updater manages."""
-    meta = obj.get("metadata") or {}
+    meta = _map(obj.get("metadata"))
     name = str(meta.get("name"))
     if not is_ours(meta.get("labels")):
         return name, None
-    pool = (obj.get("spec") or {}).get("pool") or {}
+    pool = _map(_map(obj.get("spec")).get("pool"))
     generation = pool.get("generation")
     return name, Observed(
         version=usable_version(meta.get("resourceVersion")),
         pool=str(pool.get("name", "")),
-        generation=generation if isinstance(generation, int) else 0,
+        generation=generation if type(generation) is int else 0,
         digest=_digest(obj),
     )
 

@@ -24,11 +24,12 @@ from hypothesis import strategies as st
 from common.yamlload import load_document, load_json
 from status_updater.objects import node_name, slim_node, slim_pod
 from status_updater.reconcile import reconcile_node
+from status_updater.slicewriter import observe
 from tests.pipeline.test_hostile import NODES, PODS
 from tests.support.base import SAMPLES, examples, run_cli
 from topology import migparted, runai
 from topology.catalog import model_for_product
-from topology.configmap import parse_document
+from topology.configmap import LABEL_MANAGED_BY, MANAGER, parse_document
 from topology.errors import TopologyError
 from topology.model import MAX_INTEGER, from_dict
 
@@ -162,6 +163,24 @@ def test_nodes_and_pods_of_any_shape(node: Any, pod: Any) -> None:
     except TopologyError:
         return
     assert not [w for w in warnings if "cannot be read" in w.message], warnings
+
+
+SLICE = {"metadata": {"name": "00000-gpu.nvidia.com-n", "resourceVersion": "7",
+                      "labels": {LABEL_MANAGED_BY: MANAGER}},
+         "spec": {"driver": "gpu.nvidia.com", "nodeName": "n",
+                  "pool": {"name": "n", "generation": 3, "resourceSliceCount": 1},
+                  "devices": [{"name": "gpu-0"}]}}  # fmt: skip
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(mutated(SLICE))
+def test_a_watched_resource_slice_of_any_shape(doc: Any) -> None:
+    """What the slice watch delivers, changed anywhere: read as one of ours or not, never an
+    exception in the writer thread."""
+    if isinstance(doc, dict):
+        name, observed = observe(doc)
+        assert isinstance(name, str)
+        assert observed is None or isinstance(observed.generation, int)
 
 
 # --- the named cases of each class ---------------------------------------------------------------
