@@ -25,10 +25,10 @@ def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dra-node-selector",
         type=_selector,
-        default=os.environ.get("DRA_NODE_SELECTOR"),
+        default=os.environ.get("DRA_NODE_SELECTOR") or None,  # empty is unset, as elsewhere
         metavar="SELECTOR",
         help="publish the NVIDIA DRA driver's ResourceSlices for the GPU nodes whose labels "
-        "match, e.g. type=kwok (env DRA_NODE_SELECTOR; unset: DRA off)",
+        "match, e.g. type=kwok, '' for every GPU node (env DRA_NODE_SELECTOR; unset: DRA off)",
     )
     parser.add_argument(
         "--dra-dynamic-mig",

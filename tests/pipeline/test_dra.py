@@ -66,6 +66,7 @@ def test_the_samples_claims_are_served_with_their_dra_labels(tmp_path: Path) -> 
         ("train-pair", "gpu-1-mig-1g5gb-19-2"),
         ("train-pair", "gpu-1-mig-1g5gb-19-3"),
         ("dynamic-infer", "gpu-0-mig-3g40gb-9-4"),
+        ("whole-train", "gpu-0"),
     }
     small = found["infer-small", "gpu-0-mig-1g5gb-19-2"]
     assert small["dra_claim_name"] == "infer-small-mig-7xq2k"
@@ -83,6 +84,10 @@ def test_the_samples_claims_are_served_with_their_dra_labels(tmp_path: Path) -> 
     dynamic = found["dynamic-infer", "gpu-0-mig-3g40gb-9-4"]
     assert (dynamic["GPU_I_PROFILE"], dynamic["GPU_I_ID"]) == ("3g.40gb", "2")
     assert dynamic["dra_mig_device_uuid"].startswith("MIG-")
+    # A whole GPU: its series, with no MIG labels of either kind.
+    whole = found["whole-train", "gpu-0"]
+    assert whole["dra_pool_name"] == whole["hostname"] == "dra-a100-80gb"
+    assert not {"GPU_I_ID", "dra_mig_profile", "dra_mig_device_uuid"} & set(whole)
 
 
 def test_a_released_dynamic_claim_takes_its_instance_with_it(tmp_path: Path) -> None:
@@ -102,7 +107,7 @@ def test_one_bad_claim_never_harms_another(tmp_path: Path) -> None:
         "gpu-7-mig-1g5gb-19-2 is not on node dra-a100: not placed"
     )
     pods = {pod for pod, _ in held(serve(topology))}
-    assert pods == {"train-pair", "dynamic-infer"}
+    assert pods == {"train-pair", "dynamic-infer", "whole-train"}
 
 
 def test_a_claim_not_reserved_for_the_pod_gives_it_nothing(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from exporter.service import Exporter
 from status_updater import cli as updater_cli
 from status_updater import daemon
 from status_updater.controller import Controller
+from status_updater.dra import DraOptions
 from status_updater.objects import slim_node, slim_pod
 from tests.exporter.test_exporter import MIG
 from tests.exporter.test_many import doc
@@ -252,20 +253,30 @@ def test_the_updater_s_documented_defaults_reach_the_daemon(
     """The defaults docs/commands.md gives, from the environment or not, are what `run` hands
     the daemon."""
     for name in ("KUBECONFIG", "TOPOLOGY_LAYOUT", "LEASE_NAME", "POD_NAME", "MIG_PARTED_CONFIG",
-                 "RESYNC_SECONDS", "METRICS_PORT", "METRICS_ADDRESS"):  # fmt: skip
+                 "RESYNC_SECONDS", "METRICS_PORT", "METRICS_ADDRESS", "DRA_NODE_SELECTOR",
+                 "DRA_DYNAMIC_MIG"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
     given: list[tuple[object, ...]] = []
     monkeypatch.setattr(daemon, "run", lambda *args: given.append(args) or 0)
     assert updater_cli.main(["run"]) == 0
     (args,) = given
     assert args[1:] == ("per-node", "topology-status-updater", f"{socket.gethostname()}-{os.getpid()}",
-                        30.0, "gpu-operator/default-mig-parted-config", ("0.0.0.0", 9401))  # fmt: skip
+                        30.0, "gpu-operator/default-mig-parted-config", ("0.0.0.0", 9401),
+                        None)  # fmt: skip
     monkeypatch.setenv("POD_NAME", "updater-1")
     monkeypatch.setenv("MIG_PARTED_CONFIG", "ops/layouts")
     monkeypatch.setenv("METRICS_PORT", "0")  # none served
     monkeypatch.setenv("LEASE_NAME", "mine")
+    monkeypatch.setenv("DRA_NODE_SELECTOR", "type=kwok")  # DRA on, static MIG
     assert updater_cli.main(["run", "--layout", "single", "--resync", "5"]) == 0
-    assert given[1][1:] == ("single", "mine", "updater-1", 5.0, "ops/layouts", None)
+    assert given[1][1:] == ("single", "mine", "updater-1", 5.0, "ops/layouts", None,
+                            DraOptions("type=kwok", dynamic_mig=False))  # fmt: skip
+    monkeypatch.setenv("DRA_DYNAMIC_MIG", "true")
+    assert updater_cli.main(["run", "--dra-node-selector", ""]) == 0  # every GPU node
+    assert given[2][-1] == DraOptions("", dynamic_mig=True)
+    monkeypatch.setenv("DRA_NODE_SELECTOR", "")  # empty is unset, as every variable: DRA off
+    assert updater_cli.main(["run"]) == 0
+    assert given[3][-1] is None
 
 
 def test_the_updater_without_a_command_is_a_usage_error() -> None:

@@ -310,8 +310,12 @@ def test_the_sample_claims_hold_devices_the_sample_nodes_offer() -> None:
             attributes = offered[result["pool"], result["device"]]
             request = requests[result["request"]]
             assert request["deviceClassName"] == f"{attributes['type']['string']}.nvidia.com"
-            profile = attributes["profile"]["string"]
-            assert all(f"== '{profile}'" in c["cel"]["expression"] for c in request["selectors"])
+            if "profile" in attributes:  # a MIG device: the profile the selector asks for
+                profile = attributes["profile"]["string"]
+                assert all(f"== '{profile}'" in c["cel"]["expression"]
+                           for c in request["selectors"])  # fmt: skip
+            else:
+                assert "selectors" not in request  # a whole GPU, any
             held.append(attributes)
         for constraint in claim["spec"]["devices"].get("constraints", []):
             key = constraint["matchAttribute"].removeprefix("gpu.nvidia.com/")
