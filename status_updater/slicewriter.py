@@ -17,7 +17,9 @@ import hashlib
 import json
 import logging
 import queue
+import random
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -25,7 +27,7 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from kube.api import REQUEST_TIMEOUT, Obj, list_watch, usable_version
+from kube.api import REQUEST_TIMEOUT, Obj, describe, list_watch, usable_version
 from status_updater.controller import Writer
 from status_updater.dra import SELECTED
 from status_updater.resourceslices import SELECTOR, is_ours, node_slices
@@ -34,6 +36,20 @@ from topology.errors import TopologyError
 from topology.model import NodeTopology
 
 log = logging.getLogger(__name__)
+RETRY_S = (1.0, 60.0)  # a pool the API refuses, or a failed pass: again after 1 s, up to 60 s
+
+
+def _later(failures: int) -> float:
+    """When to try again after `failures` in a row: doubling, with jitter."""
+    delay = min(RETRY_S[1], RETRY_S[0] * 2.0 ** (failures - 1))
+    return time.monotonic() + delay * random.uniform(0.5, 1.0)
+
+
+def _refused(e: Exception) -> bool:
+    """The API refused this pool (invalid, forbidden, too large): the node's problem, not the
+    API's. Anything else (unreachable, 5xx, 429) fails the whole pass."""
+    status = e.status if isinstance(e, ApiException) else None
+    return status is not None and 400 <= status < 500 and status != 429
 
 
 def _map(value: object) -> Mapping[str, Any]:
@@ -78,9 +94,9 @@ def observe(obj: Mapping[str, Any]) -> tuple[str, Observed | None]:
 
 @dataclass(frozen=True)
 class _Desired:
-    node: Mapping[
-        str, Any
-    ]  # the slim Node and the devices it was computed from: unchanged, not computed again
+    # The slim Node and the devices it was computed from: while both are the same objects, the
+    # slices are not computed again.
+    node: Mapping[str, Any]
     devices: object
     slices: tuple[dict[str, Any], ...]
     digests: tuple[str, ...]
@@ -104,6 +120,8 @@ class SliceWriter:
         self._generations: dict[str, int] = {}
         self._said: dict[str, str] = {}  # node -> the problem last said about it
         self._foreign: set[str] = set()  # slice names someone else's objects hold
+        self._failed: dict[str, tuple[float, int, str]] = {}  # node -> (retry at, failures, why)
+        self._pass_failed: tuple[float, int] = (0.0, 0)  # a whole pass: (retry at, failures)
         self._wrote: list[str] = []
         self._deleted: list[str] = []
 
@@ -164,7 +182,20 @@ class SliceWriter:
         return self._listed
 
     def has_work(self) -> bool:
-        return bool(self._check or self._relisted)
+        due = self._pass_failed[1] and self._pass_failed[0] <= time.monotonic()
+        return bool(self._check or self._relisted or due or self._due())
+
+    def _due(self) -> set[str]:
+        now = time.monotonic()
+        return {node for node, (at, _, _) in self._failed.items() if at <= now}
+
+    def pass_failed(self, e: Exception) -> None:
+        """The last pass failed as a whole (`WithSlices`): the next one, after a backoff,
+        compares everything."""
+        failures = self._pass_failed[1] + 1
+        if failures == 1:
+            log.warning("ResourceSlices: %s; retrying", describe(e))
+        self._pass_failed = (_later(failures), failures)
 
     def leading(self, leading: bool) -> None:
         pass  # the watch keeps `actual` true whoever writes
@@ -173,19 +204,49 @@ class SliceWriter:
 
     def sync(self, state: ClusterState, changed: Iterable[str], full: bool) -> None:
         self._drain()
-        full = full or self._relisted
+        full = full or self._relisted or bool(self._pass_failed[1])
         self._relisted = False
         if full:
             nodes = {n for n, node in state.nodes.items() if node.get(SELECTED)} | set(self._pools)
-            self._foreign.clear()  # judged again: it may have gone
+            self._judge_foreign()
         else:
-            nodes = set(changed) | self._check
+            nodes = set(changed) | self._check | self._due()
         self._check = set()
+        now = time.monotonic()
         try:
             for node in sorted(nodes):
-                self._sync_node(state, node)
+                if node in self._failed and self._failed[node][0] > now:
+                    continue  # refused a moment ago: its turn comes
+                try:
+                    self._sync_node(state, node)
+                except Exception as e:
+                    if not _refused(e):
+                        raise
+                    self._refuse(node, e)  # one node the API refuses never stops the others
+                else:
+                    self._failed.pop(node, None)
         finally:
             self._report()
+        self._pass_failed = (0.0, 0)
+
+    def _refuse(self, node: str, e: Exception) -> None:
+        why = describe(e)
+        _, failures, said = self._failed.get(node, (0.0, 0, ""))
+        if why != said:  # once per problem: a node that stays refused is no news
+            log.warning("ResourceSlices of node %s: %s; retrying", node, why)
+        self._failed[node] = (_later(failures + 1), failures + 1, why)
+
+    def _judge_foreign(self) -> None:
+        """Names someone else's slices held: free again once they are gone."""
+        for name in sorted(self._foreign):
+            try:
+                self.api.read_resource_slice(
+                    name, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+                )
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                self._foreign.discard(name)
 
     def _wanted(self, state: ClusterState, node: str) -> _Desired | None:
         """The node's slices (none: not a node DRA selects); None where its devices cannot be
@@ -225,6 +286,7 @@ class SliceWriter:
             return
         if not desired.slices:
             self._desired.pop(node, None)
+            self._said.pop(node, None)
         names = [s["metadata"]["name"] for s in desired.slices]
         if any(n in self._foreign for n in names):
             return
@@ -235,10 +297,10 @@ class SliceWriter:
             self._holds(n, d, generation) for n, d in zip(names, desired.digests, strict=True)
         )
         if not unchanged and desired.slices:
-            self._generations[node] = newest + 1
             for body, digest in zip(desired.slices, desired.digests, strict=True):
                 if not self._write(body, digest, newest + 1):
                     return  # judged again at the next pass
+                self._generations[node] = newest + 1
         for name in sorted(have - set(names)):
             self._delete(name, node)
         if not desired.slices and not self._pools.get(node):
@@ -345,8 +407,12 @@ class WithSlices:
 
     def sync(self, state: ClusterState, changed: set[str], full: bool) -> None:
         self.writer.sync(state, changed, full)
-        if self.slices.ready():  # once listed, its first pass compares everything
+        if not self.slices.ready():  # once listed, its first pass compares everything
+            return
+        try:
             self.slices.sync(state, changed, full)
+        except Exception as e:  # the ConfigMaps are written: only the slices wait and retry
+            self.slices.pass_failed(e)
 
     def leading(self, leading: bool) -> None:
         self.writer.leading(leading)

@@ -5,6 +5,7 @@ the emulator over HTTP, with the official client."""
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 from typing import Any
 
@@ -255,3 +256,32 @@ def test_without_the_dra_api_the_configmaps_are_still_written(
             eventually(lambda: kube.find("configmaps", "topology-k80", "gpu-ops"), timeout=10)
 
         assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario, KWOK) == 0
+
+
+def test_a_pool_the_api_refuses_never_holds_back_the_others_or_the_configmaps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An admission webhook or a validation limit refuses one node's slices (422): the other
+    nodes' slices and every ConfigMap are written at once, the refusal is said once, and the
+    node is tried again, with backoff, until the API takes it."""
+    with KubeAPI.start() as kube:
+        for node in NODES:
+            kube.create("nodes", node)
+        kube.fail_next(10**6, status=422, method="POST", plural="resourceslices", about="dra-a100'")
+
+        def scenario() -> None:
+            for name in ("dra-a100-80gb", "dra-h100"):
+                assert eventually(lambda n=name: published(kube, n, KWOK), timeout=5) == 1
+            for node in NODES:
+                name = node["metadata"]["name"]
+                eventually(lambda n=name: kube.find("configmaps", f"topology-{n}", "gpu-ops"))
+            time.sleep(2.5)  # a few retries
+            refused = [e for e in kube.journal() if e.fault == 422]
+            assert 2 <= len(refused) <= 4  # after 1 s, then 2 s: backoff, not a retry per loop
+            assert not pool(kube, "dra-a100")
+            kube.call(lambda e: e.faults.clear())  # the API takes it from now on
+            assert eventually(lambda: published(kube, "dra-a100", KWOK), timeout=10) == 1
+
+        assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario, KWOK) == 0
+    said = [m for m in caplog.messages if "ResourceSlices of node dra-a100:" in m]
+    assert said == ["ResourceSlices of node dra-a100: HTTP 422 Unprocessable Entity; retrying"]

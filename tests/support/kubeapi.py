@@ -218,6 +218,7 @@ class Fault:
     method: str | None = None  # GET, POST, PATCH, PUT, DELETE
     action: str | None = None  # kmock's actions: list, watch, fetch, create, update, delete
     plural: str | None = None  # e.g. "configmaps"
+    about: str | None = None  # only requests naming this in their path or body (a node's name)
 
     def matches(self, request: kmock.Request) -> bool:
         action = request.action.value.lower() if request.action else None
@@ -226,6 +227,7 @@ class Fault:
             (self.method is None or self.method.upper() == request.method.value.upper())
             and (self.action is None or self.action.lower() == action)
             and (self.plural is None or self.plural == plural)
+            and (self.about is None or self.about in f"{request.url.path} {request.data!r}")
         )
 
 
@@ -338,9 +340,10 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         method: str | None = None,
         action: str | None = None,
         plural: str | None = None,
+        about: str | None = None,
     ) -> None:
         """Fail the next ``count`` matching requests with an HTTP error ``status``."""
-        self.faults.append(Fault(count, status, method, action, plural))
+        self.faults.append(Fault(count, status, method, action, plural, about))
 
     def send_bookmarks(self) -> None:
         """Send a BOOKMARK with the current resourceVersion to watches that allow them."""
@@ -902,9 +905,12 @@ class KubeAPI:
         method: str | None = None,
         action: str | None = None,
         plural: str | None = None,
+        about: str | None = None,
     ) -> None:
         self._strict(
-            lambda e: e.fail_next(count, status=status, method=method, action=action, plural=plural)
+            lambda e: e.fail_next(
+                count, status=status, method=method, action=action, plural=plural, about=about
+            )
         )
 
     def send_bookmarks(self) -> None:
