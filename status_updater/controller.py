@@ -113,10 +113,16 @@ class Controller:
 
     def _claims_informer(self, stop: threading.Event) -> threading.Thread:
         """Watches the ResourceClaims of every namespace, each kept as `claims.read_claim` reads
-        it. An API that does not serve them (404: a cluster before DRA) has none to wait for."""
+        it. Until they are first listed, an API that does not serve them (404: a cluster before
+        DRA) or lets the updater not read them (403) has none to wait for: the ConfigMaps are
+        written without claims, said once. Once listed, a failing watch pauses the writes as
+        the pods' does (a cache missing claims would take their devices away)."""
         api = kubernetes.client.ResourceV1Api(self.core.api_client)
+        listed = False
 
         def on_reset(items: list[Any]) -> None:
+            nonlocal listed
+            listed = True
             self.events.put(("claims", "RESET", items))
             self.dirty.set()
 
@@ -125,11 +131,12 @@ class Controller:
             self.dirty.set()
 
         def on_error(message: str) -> None:
-            if "HTTP 404" in message:
+            if listed or not ("HTTP 404" in message or "HTTP 403" in message):
+                self._informer_error("claims", message)
+            elif "claims" not in self.synced:
+                log.warning("%s: no DRA claims are followed until they can be read", message)
                 self.events.put(("claims", "RESET", []))
                 self.dirty.set()
-            else:
-                self._informer_error("claims", message)
 
         return threading.Thread(
             target=list_watch,

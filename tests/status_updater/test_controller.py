@@ -13,6 +13,7 @@ from typing import Any
 
 import kubernetes
 import pytest
+import yaml
 
 from bench.scale import cluster
 from kube.api import list_watch
@@ -20,11 +21,13 @@ from status_updater import controller as controller_module
 from status_updater import daemon
 from status_updater import pernode as pernode_module
 from status_updater.controller import LAYOUTS_ATTEMPTS, Controller
+from status_updater.dra import DraOptions
 from status_updater.objects import slim_node, slim_pod
 from status_updater.single import SingleWriter, TooLarge
 from status_updater.state import ClusterState, Unreadable, reconcile
 from tests.status_updater.test_reconcile import after_one_ended, gpu_pod, whole_gpu_node
 from tests.status_updater.test_static import pod as static_pod
+from tests.support.base import SAMPLES
 from tests.support.kubeapi import KubeAPI, eventually
 from topology.model import NodeTopology, Topology
 
@@ -498,6 +501,45 @@ def test_the_layouts_configmap_created_and_deleted_after_the_list_is_followed(
             kube.delete("configmaps", "default-mig-parted-config", "gpu-operator")
             eventually(lambda: said() == [builtin, one, builtin], timeout=10)
             assert "one-small" not in controller.state.layouts
+        finally:
+            stop.set()
+            kube.cut_watches()
+
+
+@pytest.mark.parametrize("status", [404, 403])
+def test_claims_unreadable_from_the_start_are_none_and_once_listed_pause_the_writes(
+    status: int,
+) -> None:
+    """DRA on, on a cluster without `resource.k8s.io/v1` (404) or without the RBAC to read
+    claims (403): nothing to wait for, the ConfigMaps are written. Once claims were listed, the
+    same failure pauses the writes until they are listed again, and no claim is dropped."""
+    with KubeAPI.start(strict=True) as kube:
+        core = kubernetes.client.CoreV1Api(kube.api_client())
+        controller = Controller(core, Recorder(), dra=DraOptions("type=kwok"))
+        kube.fail_next(2, status=status, action="list", plural="resourceclaims")
+        stop = threading.Event()
+        for thread in controller.informers(stop):
+            thread.start()
+        seen: list[tuple[bool, bool, int]] = []  # (claims failing, following, claims held)
+
+        def apply_events() -> list[tuple[bool, bool, int]]:
+            while not controller.events.empty():
+                controller._apply(*controller.events.get())
+                seen.append(("claims" in controller.failing, controller.following(),
+                             len(controller.state.claims)))  # fmt: skip
+            return seen
+
+        try:
+            eventually(lambda: apply_events() and seen[-1] == (False, True, 0), timeout=10)
+            claim = next(yaml.safe_load_all((SAMPLES / "dra" / "claims.yaml").read_text()))
+            kube.create("resourceclaims", claim, namespace="gpu-test")
+            eventually(lambda: apply_events() and seen[-1] == (False, True, 1), timeout=10)
+            seen.clear()
+            kube.fail_next(2, status=status, action="list", plural="resourceclaims")
+            kube.cut_watches(abort=True)
+            eventually(lambda: apply_events() and seen[-1] == (False, True, 1), timeout=20)
+            assert (True, False, 1) in seen  # the writes waited; the claim was never dropped
+            assert all(held == 1 for *_, held in seen)
         finally:
             stop.set()
             kube.cut_watches()
