@@ -531,6 +531,7 @@ def test_claims_unreadable_from_the_start_are_none_and_once_listed_pause_the_wri
 
         try:
             eventually(lambda: apply_events() and seen[-1] == (False, True, 0), timeout=10)
+            assert not any(failing for failing, *_ in seen)  # never waited on
             claim = next(yaml.safe_load_all((SAMPLES / "dra" / "claims.yaml").read_text()))
             kube.create("resourceclaims", claim, namespace="gpu-test")
             eventually(lambda: apply_events() and seen[-1] == (False, True, 1), timeout=10)
