@@ -225,7 +225,8 @@ def _items(value: object) -> list[Mapping[str, Any]]:
 def claim_refs(pod: Obj) -> list[dict[str, str]]:
     """Which ResourceClaim each container uses: `container`, `claim` (the pod's entry resolved
     to the claim's name: its own, or the one made from a template, which `status.
-    resourceClaimStatuses` gives once made) and `request` ("" for all of the claim's)."""
+    resourceClaimStatuses` gives once made; or the one made for its extended resources) and
+    `request` ("" for all of the claim's)."""
     spec = strings(pod.get("spec"))
     status = strings(pod.get("status"))
     made = {
@@ -240,6 +241,29 @@ def claim_refs(pod: Obj) -> list[dict[str, str]]:
             claim_of[name] = str(entry["resourceClaimName"])
         elif name in made:
             claim_of[name] = made[name]
+    return [*_named_refs(spec, claim_of), *_extended_refs(status)]
+
+
+def _extended_refs(status: Mapping[str, Any]) -> list[dict[str, str]]:
+    """A container's `nvidia.com/gpu` served through DRA (the DeviceClass's
+    `extendedResourceName`, the DRAExtendedResource gate): the scheduler made a claim for the
+    pod, and maps each container's resource to one of its requests."""
+    extended = strings(status.get("extendedResourceClaimStatus"))
+    claim = extended.get("resourceClaimName")
+    if not claim:
+        return []
+    return [
+        {
+            "container": str(m.get("containerName", "")),
+            "claim": str(claim),
+            "request": str(m.get("requestName") or ""),
+            "extended": "true",
+        }
+        for m in _items(extended.get("requestMappings"))
+    ]
+
+
+def _named_refs(spec: Mapping[str, Any], claim_of: Mapping[str, str]) -> list[dict[str, str]]:
     return [
         {
             "container": str(c.get("name", "")),
@@ -272,10 +296,14 @@ def may_hold_gpu(pod: Obj) -> bool:
 
 
 def asks_for_devices(pod: Obj) -> bool:
-    """The pod (not slimmed) names DRA claims, whether or not they are allocated yet."""
+    """The pod (not slimmed) names DRA claims, whether or not they are allocated yet, or the
+    scheduler made one for its extended resources."""
     spec = pod.get("spec")
     claims = spec.get("resourceClaims") if isinstance(spec, Mapping) else None
-    return isinstance(claims, list) and bool(claims)
+    status = strings(pod.get("status"))
+    return (isinstance(claims, list) and bool(claims)) or bool(
+        strings(status.get("extendedResourceClaimStatus"))
+    )
 
 
 def pod_node(pod: Obj) -> str | None:

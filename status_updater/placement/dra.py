@@ -13,7 +13,7 @@ over an instance that exists, is the pod's error: it holds nothing.
 from __future__ import annotations
 
 from status_updater.devices import mig_uuid
-from status_updater.objects import DRA_KEY, Obj, names, pod_ref, pod_uid
+from status_updater.objects import DRA_KEY, DRA_REFS, Obj, names, pod_ref, pod_uid
 from status_updater.placement.board import Board, Policy
 from status_updater.usage import pod_usage
 from topology import dra
@@ -27,7 +27,11 @@ def _holds(board: Board, pod: Obj) -> list[dict[str, str]]:
 
 
 def applies(board: Board, pod: Obj) -> bool:
-    return bool(_holds(board, pod))
+    """The pod's claims hold devices here, or its `nvidia.com/gpu` is served through DRA (its
+    extended-resource claim): then it holds what that claim holds, never by its limits."""
+    refs = pod.get(DRA_REFS)
+    extended = isinstance(refs, list) and any(r.get("extended") for r in refs)
+    return extended or bool(_holds(board, pod))
 
 
 # A GPU, and its MIG device: None (the whole GPU), an index, or one to make.

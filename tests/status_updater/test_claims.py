@@ -246,3 +246,49 @@ def test_a_hopper_gpu_handed_out_whole_turns_mig_off_and_is_never_also_partition
         "pod gpu-test/dynamic-infer: claims[gpu-test/half-h100]: device gpu-0-mig-1g10gb-19-0: "
         "GPU 0 is handed out whole: not placed"
     ]
+
+
+def extended_pod(status: dict[str, Any] | None) -> dict[str, Any]:
+    """A pod asking for `nvidia.com/gpu: 1` on a DRA node, the scheduler's extended-resource claim
+    named in its status (`status`, or not yet)."""
+    return {"kind": "Pod",
+            "metadata": {"name": "plain", "namespace": "ns", "uid": "uid-plain",
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"nodeName": "n", "containers": [
+                {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            "status": {"phase": "Running", **({"extendedResourceClaimStatus": status}
+                                              if status else {})}}  # fmt: skip
+
+
+def test_a_gpu_limit_served_through_dra_holds_the_device_its_claim_was_allocated() -> None:
+    """The DeviceClass gpu.nvidia.com names `nvidia.com/gpu` its extended resource: the scheduler
+    allocates a claim for such a pod and maps the container to it. The pod holds that claim's GPU,
+    not the first free one its limit would give it, and nothing before the claim is seen."""
+    status = {"resourceClaimName": "plain-extended-resources-4xk2q",
+              "requestMappings": [{"containerName": "main", "resourceName": "nvidia.com/gpu",
+                                   "requestName": "container-0-request-0"}]}  # fmt: skip
+    claim = by_name(CLAIMS, "half-h100")
+    claim["metadata"].update(name="plain-extended-resources-4xk2q", namespace="ns")
+    claim["status"]["allocation"]["devices"]["results"] = [
+        {"request": "container-0-request-0", "driver": "gpu.nvidia.com", "pool": "n",
+         "device": "gpu-1"}]  # fmt: skip
+    claim["status"]["reservedFor"] = [{"resource": "pods", "name": "plain", "uid": "uid-plain"}]
+    state = ClusterState()
+    state.set_node(gpu_node("n", "NVIDIA-A100-SXM4-40GB", 2))
+    state.set_pod(slim_pod(extended_pod(status)))
+    state.settle()
+    assert claimed(state, "n") == {}  # the claim is not seen yet: not the first free GPU either
+    result = state.results["n"]
+    assert isinstance(result, NodeTopology)
+    assert [g.status for g in result.gpus] == [None, None]
+    state.set_claim(read_claim(claim))
+    state.settle()
+    assert claimed(state, "n") == {"gpu-1": [("plain", "main", None)]}
+    assert state.node_warnings("n") == []
+    # Without DRA (no such status), the same pod is the device plugin's: its limit places it.
+    plain = ClusterState()
+    plain.set_node(gpu_node("n", "NVIDIA-A100-SXM4-40GB", 2))
+    plain.set_pod(slim_pod(extended_pod(None)))
+    plain.settle()
+    held = plain.results["n"]
+    assert isinstance(held, NodeTopology) and held.gpus[0].status is not None
