@@ -30,3 +30,9 @@ def one_line(e: BaseException) -> str:
 def kind_of(value: object) -> str:
     """What a value is, for a message: `nothing` for null, else its type (`int`, `list`)."""
     return "nothing" if value is None else type(value).__name__
+
+
+def some_of(names: list[str], shown: int = 5) -> str:
+    """`a, b, c, d, e and 7 more`: a list named in a log line without flooding it."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more

@@ -13,6 +13,7 @@ import gc
 import json
 import logging
 import os
+import queue
 import random
 import threading
 from collections.abc import Callable, Mapping
@@ -221,3 +222,34 @@ def usable_version(version: object) -> str | None:
 
 def _version(obj: Obj) -> str | None:
     return usable_version((obj.get("metadata") or {}).get("resourceVersion"))
+
+
+Queued = tuple[str, Obj | list[Obj]]  # ("RESET", the list) or (event kind, the object)
+
+
+def queued_watch(
+    what: str,
+    list_call: Callable[..., Any],
+    events: queue.SimpleQueue[Queued],
+    wake: Callable[[], None],
+    stop: threading.Event,
+    **selectors: str,
+) -> threading.Thread:
+    """A thread that lists then watches (`list_watch`) into `events` for one consumer, waking it
+    after each: ("RESET", items) after each list, (kind, object) for each event."""
+
+    def on_reset(items: list[Obj]) -> None:
+        events.put(("RESET", items))
+        wake()
+
+    def on_event(kind: str, obj: Obj) -> None:
+        events.put((kind, obj))
+        wake()
+
+    return threading.Thread(
+        target=list_watch,
+        args=(what, list_call, on_reset, on_event, stop),
+        kwargs=selectors,
+        name=what,
+        daemon=True,
+    )

@@ -23,7 +23,15 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from kube.api import REQUEST_TIMEOUT, Obj, list_all, list_watch, usable_version
+from common.text import some_of
+from kube.api import (
+    REQUEST_TIMEOUT,
+    Obj,
+    Queued,
+    list_all,
+    queued_watch,
+    usable_version,
+)
 from kube.configmaps import Seen, create_or_patch
 from status_updater.reconcile import document
 from status_updater.state import ClusterState, Unreadable
@@ -84,7 +92,7 @@ class PerNodeWriter:
         self.core, self.namespace = core, namespace
         self.what = f"topology ConfigMaps in {namespace}"
         self.actual: dict[str, Observed] = {}  # ConfigMap name -> what it holds
-        self._events: queue.SimpleQueue[tuple[str, Obj | list[Obj]]] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[Queued] = queue.SimpleQueue()
         self._listed = False
         self._desired: dict[str, _Desired] = {}  # node -> its document, kept while unchanged
         self._nodes: dict[str, str] = {}  # ConfigMap name -> node, for nodes with a result
@@ -96,22 +104,16 @@ class PerNodeWriter:
     # --- what is written, from the watch ------------------------------------------------------
 
     def informers(self, stop: threading.Event, wake: Callable[[], None]) -> list[threading.Thread]:
-        def on_reset(items: list[Obj]) -> None:
-            self._events.put(("RESET", items))
-            wake()
-
-        def on_event(kind: str, cm: Obj) -> None:
-            self._events.put((kind, cm))
-            wake()
-
-        watch = threading.Thread(
-            target=list_watch,
-            args=("configmaps", self._list, on_reset, on_event, stop),
-            kwargs={"label_selector": contract.MANAGED_SELECTOR},
-            name="configmaps",
-            daemon=True,
-        )
-        return [watch]
+        return [
+            queued_watch(
+                "configmaps",
+                self._list,
+                self._events,
+                wake,
+                stop,
+                label_selector=contract.MANAGED_SELECTOR,
+            )
+        ]
 
     def _list(self, **kw: Any) -> Any:
         return self.core.list_namespaced_config_map(self.namespace, **kw)
@@ -302,14 +304,6 @@ class PerNodeWriter:
     def _report(self) -> None:
         for verb, names in (("wrote", self._wrote), ("deleted", self._deleted)):
             if names:
-                shown = ", ".join(names[:5]) + (
-                    f" and {len(names) - 5} more" if len(names) > 5 else ""
-                )
-                log.info(
-                    "%s ConfigMap%s %s in %s",
-                    verb,
-                    "s" if len(names) > 1 else "",
-                    shown,
-                    self.namespace,
-                )
+                plural = "s" if len(names) > 1 else ""
+                log.info("%s ConfigMap%s %s in %s", verb, plural, some_of(names), self.namespace)
                 names.clear()

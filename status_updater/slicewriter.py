@@ -27,7 +27,15 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from kube.api import REQUEST_TIMEOUT, Obj, describe, list_watch, usable_version
+from common.text import some_of
+from kube.api import (
+    REQUEST_TIMEOUT,
+    Obj,
+    Queued,
+    describe,
+    queued_watch,
+    usable_version,
+)
 from status_updater.controller import Writer
 from status_updater.dra import SELECTED
 from status_updater.resourceslices import SELECTOR, is_ours, node_slices
@@ -108,7 +116,7 @@ class SliceWriter:
         self.what = "ResourceSlices"
         self.actual: dict[str, Observed] = {}  # slice name -> what it holds
         self._pools: dict[str, set[str]] = {}  # pool (node) -> its managed slices' names
-        self._events: queue.SimpleQueue[tuple[str, Obj | list[Obj]]] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[Queued] = queue.SimpleQueue()
         self._listed = self._relisted = False
         self._check: set[str] = set()  # pools whose slices changed under us
         self._desired: dict[str, _Desired] = {}  # node -> its slices, kept while unchanged
@@ -128,22 +136,16 @@ class SliceWriter:
     # --- what is written, from the watch ------------------------------------------------------
 
     def informers(self, stop: threading.Event, wake: Callable[[], None]) -> list[threading.Thread]:
-        def on_reset(items: list[Obj]) -> None:
-            self._events.put(("RESET", items))
-            wake()
-
-        def on_event(kind: str, obj: Obj) -> None:
-            self._events.put((kind, obj))
-            wake()
-
-        watch = threading.Thread(
-            target=list_watch,
-            args=("resourceslices", self.api.list_resource_slice, on_reset, on_event, stop),
-            kwargs={"label_selector": SELECTOR},
-            name="resourceslices",
-            daemon=True,
-        )
-        return [watch]
+        return [
+            queued_watch(
+                "resourceslices",
+                self.api.list_resource_slice,
+                self._events,
+                wake,
+                stop,
+                label_selector=SELECTOR,
+            )
+        ]
 
     def _see(self, name: str, observed: Observed | None) -> None:
         old = self.actual.pop(name, None)
@@ -380,10 +382,9 @@ class SliceWriter:
     def _report(self) -> None:
         for verb, names in (("wrote", self._wrote), ("deleted", self._deleted)):
             if names:
-                shown = ", ".join(names[:5]) + (
-                    f" and {len(names) - 5} more" if len(names) > 5 else ""
+                log.info(
+                    "%s ResourceSlice%s %s", verb, "s" if len(names) > 1 else "", some_of(names)
                 )
-                log.info("%s ResourceSlice%s %s", verb, "s" if len(names) > 1 else "", shown)
                 names.clear()
 
 
