@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from bench.scale import cluster
+from kube import api as kube_api
 from kube.api import list_watch
 from status_updater import controller as controller_module
 from status_updater import daemon
-from status_updater import pernode as pernode_module
 from status_updater.controller import LAYOUTS_ATTEMPTS, Controller
 from status_updater.dra import DraOptions
 from status_updater.objects import slim_node, slim_pod
@@ -332,7 +332,7 @@ def test_the_updater_exits_when_one_of_its_loops_stops(
         monkeypatch.setattr(Controller, "run_writer", broken)
     else:
         monkeypatch.setattr(controller_module, "list_watch", watch_or_end)
-        monkeypatch.setattr(pernode_module, "list_watch", watch_or_end)
+        monkeypatch.setattr(kube_api, "list_watch", watch_or_end)  # the writers' queued_watch
     monkeypatch.setattr(daemon.signal, "signal", lambda *_: None)  # pytest keeps its handlers
     with KubeAPI.start() as kube:
         config = kube.write_kubeconfig(tmp_path / "kubeconfig")
@@ -537,7 +537,12 @@ def test_claims_unreadable_from_the_start_are_none_and_once_listed_pause_the_wri
             eventually(lambda: apply_events() and seen[-1] == (False, True, 1), timeout=10)
             seen.clear()
             kube.fail_next(2, status=status, action="list", plural="resourceclaims")
-            kube.cut_watches(abort=True)
+            # Every watch must list again (410 Gone), whether its stream is open or not.
+            kube.create(
+                "configmaps", {"metadata": {"name": "later"}}, "elsewhere"
+            )  # history moves on
+            kube.compact()
+            kube.cut_watches()
             eventually(lambda: apply_events() and seen[-1] == (False, True, 1), timeout=20)
             assert (True, False, 1) in seen  # the writes waited; the claim was never dropped
             assert all(held == 1 for *_, held in seen)
