@@ -22,6 +22,7 @@ from exporter.fields import CountersError, read_counters
 from exporter.many import NodesExporter
 from exporter.node import missing_node, node_of
 from exporter.service import Exporter
+from exporter.shards import Shard, ordinal
 from exporter.sources import file_source, read_topology_file, watches
 from kube.api import port
 from topology.errors import TopologyError
@@ -36,7 +37,8 @@ log = logging.getLogger("exporter")
 ENVIRONMENT = (
     *CLUSTER_ENVIRONMENT, "NODE_NAME", "DCGM_EXPORTER_INTERVAL", "DRIVER_VERSION",
     "EXPORTER_HOSTNAME", "DCGM_EXPORTER_COLLECTORS", "MIG_POD_LABELS", "KUBERNETES_VIRTUAL_GPUS",
-    "WEB_CONFIG_FILE", "DCGM_EXPORTER_VERSION", "KUBERNETES_ENABLE_DRA",
+    "WEB_CONFIG_FILE", "DCGM_EXPORTER_VERSION", "KUBERNETES_ENABLE_DRA", "TOTAL_SHARDS", "SHARD",
+    "POD_NAME",
 )  # fmt: skip
 
 
@@ -115,6 +117,48 @@ def _topology_arguments(p: argparse.ArgumentParser) -> None:
         metavar="LABELSELECTOR",
         help="with --all-nodes: only the nodes whose labels match, e.g. type=kwok",
     )
+    p.add_argument(
+        "--total-shards",
+        type=_count,
+        default=os.environ.get("TOTAL_SHARDS") or None,
+        metavar="M",
+        help="with --all-nodes: the nodes are split into M shards by a hash of their name, "
+        "Prometheus's hashmod; this replica serves one (env TOTAL_SHARDS)",
+    )
+    p.add_argument(
+        "--shard",
+        type=_count,
+        default=os.environ.get("SHARD") or None,
+        metavar="N",
+        help="the shard this replica serves, 0 to M-1 (env SHARD; default: the ordinal its pod "
+        "name ends with, env POD_NAME or the hostname, as in a StatefulSet)",
+    )
+
+
+def _count(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and len(text) <= 6):
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(text)
+
+
+def _shard(p: argparse.ArgumentParser, args: argparse.Namespace) -> Shard | None:
+    """--shard and --total-shards, the shard from the pod's name where it is not given."""
+    if args.total_shards is None:
+        if args.shard is not None:
+            p.error("--shard goes with --total-shards")
+        return None
+    if not args.all_nodes:
+        p.error("--total-shards goes with --all-nodes")
+    number = args.shard
+    if number is None:
+        pod = os.environ.get("POD_NAME") or socket.gethostname()
+        number = ordinal(pod)
+        if number is None:
+            p.error(f"--shard not given and the pod name {pod!r} ends in no ordinal")
+    try:
+        return Shard(number, args.total_shards)
+    except ValueError as e:
+        p.error(str(e))
 
 
 def _series_arguments(p: argparse.ArgumentParser) -> None:
@@ -189,7 +233,7 @@ def milliseconds(text: str) -> int:
     return value
 
 
-def _once(args: argparse.Namespace, options: dcgm.Options) -> int:
+def _once(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None) -> int:
     path: Path = args.topology_file
     obj = f"topology file {path}"
     topology = read_topology_file(path)
@@ -201,7 +245,7 @@ def _once(args: argparse.Namespace, options: dcgm.Options) -> int:
                 good[name] = _node_in(topology, name, obj)
             except TopologyError as e:
                 print(f"warning: {e}", file=sys.stderr)
-        many = NodesExporter(options, Published())
+        many = NodesExporter(options, Published(), shard=shard)
         many.update(Topology(topology.mig_strategy, good), obj)
         sys.stdout.buffer.write(many.snapshot().body)
         return EXIT_OK
@@ -247,7 +291,7 @@ def _shutdown(nv: ModuleType) -> None:
         log.debug("nvmlShutdown: %s", e)
 
 
-def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
+def serve(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None = None) -> int:
     # First: a web config that cannot be used must stop the exporter before it serves anything,
     # not leave it serving in the clear.
     web = load(args.web_config_file) if args.web_config_file is not None else None
@@ -260,7 +304,7 @@ def serve(args: argparse.Namespace, options: dcgm.Options) -> int:
         interval_s = args.collect_interval / 1000
         exporter = NvmlExporter(nv, options, published, interval_s, args.node_name)
     elif args.all_nodes:
-        exporter = NodesExporter(options, published, node_selector=args.node_selector)
+        exporter = NodesExporter(options, published, node_selector=args.node_selector, shard=shard)
     else:
         exporter = Exporter(args.node_name, options, published)
 
@@ -334,6 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--node-selector goes with --all-nodes")
     if args.node_selector and args.topology_file is not None:
         p.error("--node-selector reads Node labels from the cluster: not with --topology-file")
+    shard = _shard(p, args)
     try:
         counters = read_counters(args.collectors) if args.collectors else dcgm.default_counters()
     except CountersError as e:
@@ -350,8 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         if args.once:
-            return _nvml_once(args, options) if nvml_source else _once(args, options)
-        return serve(args, options)
+            return _nvml_once(args, options) if nvml_source else _once(args, options, shard)
+        return serve(args, options, shard)
     except (TopologyError, WebConfigError, nvml.NvmlUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -28,6 +28,7 @@ from exporter import dcgm
 from exporter.health import Health
 from exporter.loop import RenderLoop
 from exporter.node import node_of
+from exporter.shards import Shard
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
 from web.server import Published, Snapshot
@@ -52,15 +53,18 @@ class ServedNodes(RenderLoop):
         health: Health,
         clock: Callable[[], float] | None,
         selected: set[str] | None,
+        shard: Shard | None = None,
     ) -> None:
-        """`selected`: the nodes to serve; None: every node."""
+        """`selected`: the nodes to serve; None: every node. `shard`: of those, only its own."""
         super().__init__(published, health, clock)
         self.options = options
+        self.shard = shard
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeTopology] = {}  # last good entry of every node seen
         self._selected = selected
         self._dirty: set[str] = set()  # nodes to render again
         self._parts: dict[str, dict[str, bytes]] = {}  # node -> its fragments, as served
+        self._pages: dict[str, tuple[bytes, ...]] = {}  # node -> its own page, joined
         self._moving: set[str] = set()  # nodes whose values move in time
         self._gpus: dict[str, set[str]] = {}  # node -> its GPU ids, whose energy is counted
         self._step: int | None = None
@@ -88,12 +92,7 @@ class ServedNodes(RenderLoop):
             if step != self._step:
                 dirty |= self._moving
                 self._step = step
-            todo = {
-                name: self._nodes.get(name)
-                if self._selected is None or name in self._selected
-                else None
-                for name in dirty
-            }
+            todo = {name: self._nodes.get(name) if self._serves(name) else None for name in dirty}
             healthy, reason = self.health.state()
             ready = self._ready()
         for name, node in todo.items():
@@ -101,7 +100,13 @@ class ServedNodes(RenderLoop):
         body = dcgm.join_parts(
             (self._parts[name] for name in sorted(self._parts)), self.options.counters
         )
-        return Snapshot(body, healthy, reason, self.invalid.exposition(), ready)
+        own = self.invalid.exposition() + (self.shard.exposition() if self.shard else b"")
+        return Snapshot(body, healthy, reason, own, ready, dict(self._pages))
+
+    def _serves(self, name: str) -> bool:
+        """Whether the node is served here (under `_lock`): selected, and of this shard."""
+        selected = self._selected is None or name in self._selected
+        return selected and (self.shard is None or self.shard.owns(name))
 
     def _render(self, name: str, node: NodeTopology | None, now: float) -> None:
         """A node's fragments again, or none for a node no longer served (None)."""
@@ -109,12 +114,14 @@ class ServedNodes(RenderLoop):
         gone = self._gpus.pop(name, set())
         if node is None:
             self._parts.pop(name, None)
+            self._pages.pop(name, None)
             self._moving.discard(name)
             self._forget_gpus(options.hostname, gone)
             return
         self._gpus[name] = {gpu.id for gpu in node.gpus}
         self._forget_gpus(options.hostname, gone - self._gpus[name])
         self._parts[name] = dcgm.fragments(node, options, now)
+        self._pages[name] = dcgm.join_parts([self._parts[name]], self.options.counters)
         moving = dcgm.moves_in_time(node, self.options.counters)
         (self._moving.add if moving else self._moving.discard)(name)
 
@@ -132,15 +139,17 @@ class NodesExporter(ServedNodes):
         published: Published,
         clock: Callable[[], float] | None = None,
         node_selector: str | None = None,
+        shard: Shard | None = None,
     ) -> None:
-        """`node_selector`: only the nodes `select` names are served, once it has named them."""
+        """`node_selector`: only the nodes `select` names are served, once it has named them;
+        `shard`: of those, the ones whose name hashes to it."""
         first = {_START: "no topology yet"}
         if node_selector:
             first[NODES] = f"Nodes -l {node_selector}: not listed yet"
         # --node-selector's nodes (the last good list's); None: every node. Nothing selected until
         # the Nodes are listed, so a real node is never served while they cannot be.
         selected: set[str] | None = set() if node_selector else None
-        super().__init__(options, published, Health(first), clock, selected)
+        super().__init__(options, published, Health(first), clock, selected, shard)
         self._listed = node_selector is None  # whether `_selected` came from a Node list
         self._sources: dict[str, set[str]] = {}  # source -> the nodes it holds
 

@@ -13,6 +13,7 @@ certificates or basic auth, and adds the configured headers.
 
 from __future__ import annotations
 
+import gzip
 import io
 import logging
 import os
@@ -23,15 +24,16 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import unquote
 
-from common.text import one_line
+from common.text import one_line, printable
 from web.config import BasicAuth, WebConfig, server_context
 
 if TYPE_CHECKING:
@@ -89,6 +91,9 @@ class Snapshot:
     # False only before the first topology: /metrics answers 503 then, so a scrape right after a
     # (re)start fails (Prometheus: up == 0) instead of reading an empty exporter as real.
     ready: bool = True
+    # `/metrics/nodes/<node>`: each node's own page, as the parts it is joined from (the same
+    # bytes objects as in `parts`: a page costs no copy). Empty: no per-node pages.
+    pages: Mapping[str, tuple[bytes, ...]] = field(default_factory=dict)
     size: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -289,6 +294,52 @@ class _InFlight:
                             socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
+PAGES = "/metrics/nodes/"  # `/metrics/nodes/<node>`: one node's page (KWOK's layout)
+HEALTH_PAGES = "/health/nodes/"
+GZIP_LEVEL = 1  # metrics text compresses about 10:1 even so, at a fraction of level 9's CPU
+
+
+def accepts_gzip(header: str | None) -> bool:
+    """Whether an Accept-Encoding header takes gzip (Prometheus sends `gzip`), not at q=0."""
+    for item in (header or "").split(","):
+        coding, *params = (p.strip().lower() for p in item.split(";"))
+        if coding in ("gzip", "x-gzip"):
+            q = next((p.removeprefix("q=") for p in params if p.startswith("q=")), "1")
+            try:
+                return float(q) > 0
+            except ValueError:
+                return False
+    return False
+
+
+class Gzipped:
+    """Each part compressed once, as a gzip member of its own: concatenated members are one
+    valid gzip stream (RFC 1952; Go's reader, which Prometheus uses, reads them as one), so a
+    body is compressed once per change of its parts, never per scrape."""
+
+    def __init__(self) -> None:
+        self._members: dict[int, tuple[bytes, bytes]] = {}  # id(part) -> (part, member)
+
+    def of(self, parts: Iterable[bytes]) -> tuple[bytes, ...]:
+        out = []
+        for part in parts:
+            if not part:
+                continue
+            hit = self._members.get(id(part))
+            if hit is None or hit[0] is not part:  # (an id is reused once its part is freed)
+                hit = (part, gzip.compress(part, GZIP_LEVEL, mtime=0))
+                self._members[id(part)] = hit
+            out.append(hit[1])
+        return tuple(out)
+
+    def keep(self, snapshot: Snapshot) -> None:
+        """After a publish: forget the members of parts the new snapshot no longer has."""
+        live = {id(p) for p in snapshot.parts}
+        for page in snapshot.pages.values():
+            live.update(map(id, page))
+        self._members = {k: v for k, v in self._members.items() if k in live}
+
+
 def _held(current: Snapshot, snapshots: Sequence[Snapshot]) -> int:
     """The bytes `snapshots` keep alive that `current` does not: parts they share are one part."""
     if all(s is current for s in snapshots):
@@ -309,6 +360,7 @@ def _handler(
     limits: Limits,
     headers: Sequence[tuple[str, str]],
     auth: BasicAuth | None,
+    gzipped: Gzipped,
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "mig-exporter"
@@ -401,14 +453,10 @@ def _handler(
 
         def _serve(self, body: bool) -> None:
             path = target_path(self.path)
-            if path == "/metrics":
+            if path == "/metrics" or (path is not None and path.startswith(PAGES)):
                 assert self.writer.budget is not None  # set before any request is parsed
                 with inflight.sending(self.connection, self.writer.budget) as snap:
-                    if not snap.ready:
-                        reason = f"{snap.reason}\n".encode()
-                        self._send(503, reason, "text/plain; charset=utf-8", body)
-                    else:
-                        self._send_parts((*snap.parts, snap.own) if body else (), snap.size)
+                    self._metrics(snap, path, body)
                 return
             snap = published.snapshot
             if path is None:  # RFC 9112 §3: an invalid request-line is answered 400
@@ -418,10 +466,40 @@ def _handler(
                 status = 200 if snap.healthy else 503
                 text = "ok" if snap.healthy else snap.reason
                 self._send(status, f"{text}\n".encode(), "text/plain; charset=utf-8", body)
+            elif path.startswith(HEALTH_PAGES):
+                node = unquote(path.removeprefix(HEALTH_PAGES))
+                if not snap.ready:
+                    self._send(503, f"{snap.reason}\n".encode(), "text/plain; charset=utf-8", body)
+                elif node in snap.pages:
+                    self._send(200, b"ok\n", "text/plain; charset=utf-8", body)
+                else:
+                    self._not_served(node, body)
             else:
                 self._send(
                     404, b"not found: try /metrics or /health\n", "text/plain; charset=utf-8", body
                 )
+
+        def _metrics(self, snap: Snapshot, path: str, body: bool) -> None:
+            if not snap.ready:
+                self._send(503, f"{snap.reason}\n".encode(), "text/plain; charset=utf-8", body)
+                return
+            if path == "/metrics":
+                parts = (*snap.parts, snap.own)
+            else:
+                node = unquote(path.removeprefix(PAGES))
+                page = snap.pages.get(node)
+                if page is None:
+                    self._not_served(node, body)
+                    return
+                parts = page
+            encoding = None
+            if accepts_gzip(self.headers.get("Accept-Encoding")):
+                parts, encoding = gzipped.of(parts), "gzip"
+            self._send_parts(parts if body else (), sum(map(len, parts)), encoding)
+
+        def _not_served(self, node: str, body: bool) -> None:
+            text = f"node {printable(node, 253)} is not served here\n".encode()
+            self._send(404, text, "text/plain; charset=utf-8", body)
 
         def _send(self, status: int, content: bytes, content_type: str, body: bool) -> None:
             self.send_response(status)
@@ -431,9 +509,12 @@ def _handler(
             if body:
                 self.wfile.write(content)
 
-        def _send_parts(self, parts: tuple[bytes, ...], size: int) -> None:
+        def _send_parts(self, parts: tuple[bytes, ...], size: int, encoding: str | None) -> None:
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE)
+            if encoding is not None:
+                self.send_header("Content-Encoding", encoding)
+            self.send_header("Vary", "Accept-Encoding")
             self.send_header("Content-Length", str(size))
             self.end_headers()
             send_all(self.connection, parts, self.writer.budget)
@@ -590,7 +671,8 @@ class MetricsServer:
         self.tls = context is not None
         self.published = published
         self.inflight = _InFlight(published, limits)
-        handler = _handler(published, self.inflight, limits, headers, auth)
+        self.gzipped = Gzipped()
+        handler = _handler(published, self.inflight, limits, headers, auth, self.gzipped)
         self.httpd = _Server((address, port), handler, limits, context)
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
 
@@ -600,9 +682,14 @@ class MetricsServer:
 
     def start(self) -> None:
         self.published.watch(self.inflight.bound)
+        self.published.watch(self._keep)
         self.thread.start()
+
+    def _keep(self) -> None:
+        self.gzipped.keep(self.published.snapshot)
 
     def stop(self) -> None:
         self.published.unwatch(self.inflight.bound)
+        self.published.unwatch(self._keep)
         self.httpd.shutdown()
         self.httpd.server_close()

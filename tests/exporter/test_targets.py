@@ -1,0 +1,175 @@
+"""`--all-nodes` at cluster size: one page per node (`/metrics/nodes/<node>`), shards that split
+the nodes by Prometheus's hashmod, and gzip compressed once per change. (A real Prometheus
+scraping them is in tests/live/test_many_targets.py.)"""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from freezegun import freeze_time
+
+from exporter import cli, dcgm
+from exporter.many import NodesExporter
+from exporter.shards import Shard, ordinal, shard_of
+from tests.exporter.test_exporter import MIG, whole_gpu
+from tests.exporter.test_many import doc
+from tests.support.promtext import parse
+from web.server import Gzipped, MetricsServer, Published, accepts_gzip
+
+NAMES = [f"kwok-node-{i}" for i in range(24)]
+OPTIONS = dcgm.Options("ignored", "535.104.05")
+
+
+def serving(shard: Shard | None = None, names: list[str] = NAMES) -> NodesExporter:
+    many = NodesExporter(OPTIONS, Published(), shard=shard)
+    for i, name in enumerate(names):
+        topology = MIG if i % 2 else whole_gpu(50, 50)
+        many.update_source(f"topology-{name}", doc(name, topology), f"ConfigMap {name}")
+    return many
+
+
+def hostnames(body: bytes) -> set[str]:
+    return {s.label("Hostname") for s in parse(body.decode())}
+
+
+@freeze_time("2026-11-22 10:00:00")
+def test_each_node_s_page_is_what_its_own_exporter_serves() -> None:
+    snap = serving().snapshot()
+    assert set(snap.pages) == set(NAMES)
+    for i, name in enumerate(NAMES[:4]):
+        topology = MIG if i % 2 else whole_gpu(50, 50)
+        (node,) = topology.nodes.values()
+        own = dcgm.render(node, dcgm.Options(name, "535.104.05"), time.time())
+        assert b"".join(snap.pages[name]) == own
+        assert hostnames(b"".join(snap.pages[name])) == {name}
+
+
+@freeze_time("2026-11-22 10:00:00")
+@pytest.mark.parametrize("total", [1, 2, 3, 7])
+def test_shards_serve_every_node_exactly_once(total: int) -> None:
+    served = [hostnames(serving(Shard(n, total)).snapshot().body) for n in range(total)]
+    assert sorted(name for names in served for name in names) == sorted(NAMES)
+    for n, names in enumerate(served):
+        assert names == {name for name in NAMES if shard_of(name, total) == n}
+    if total > 1:
+        assert all(served)  # 24 names spread: no shard is empty
+
+
+@freeze_time("2026-11-22 10:00:00")
+def test_a_sharded_replica_says_its_shard_and_the_count() -> None:
+    own = serving(Shard(1, 3)).snapshot().own.decode()
+    assert "mig_exporter_shard_ordinal 1\n" in own and "mig_exporter_total_shards 3\n" in own
+    assert "mig_exporter_shard_ordinal" not in serving().snapshot().own.decode()
+
+
+def test_the_shard_is_prometheus_s_hashmod_of_the_name() -> None:
+    """Prometheus: md5 of the value, its last 8 bytes big-endian, modulo. Known values, worked out
+    by hand from the md5 digests (`printf %s a | md5sum`); tests/live/test_many_targets.py
+    checks them against a real Prometheus's relabelling."""
+    # md5("a") = 0cc175b9c0f1b6a8 31c399e269772661
+    assert shard_of("a", 2**64 - 1) == 0x31C399E269772661 % (2**64 - 1)
+    assert shard_of("a", 7) == 0x31C399E269772661 % 7
+    assert [ordinal(p) for p in ("x-all-nodes-0", "x-all-nodes-12", "x", "x-", "x-1a")] == [
+        0, 12, None, None, None]  # fmt: skip
+    with pytest.raises(ValueError, match="shard 3 is not one of 3"):
+        Shard(3, 3)
+
+
+@pytest.mark.parametrize(
+    ("header", "takes"),
+    [("gzip", True), ("gzip, deflate", True), ("deflate, GZIP;q=0.5", True), ("x-gzip", True),
+     ("gzip;q=0", False), ("gzip; q=0.000", False), ("identity", False), (None, False),
+     ("gzipped", False), ("gzip;q=nope", False)],
+)  # fmt: skip
+def test_accept_encoding_is_read_as_http_says(header: str | None, takes: bool) -> None:
+    assert accepts_gzip(header) is takes
+
+
+def test_parts_are_compressed_once_and_forgotten_when_gone() -> None:
+    snap = serving().snapshot()
+    cache = Gzipped()
+    first = cache.of(snap.parts)
+    assert gzip.decompress(b"".join(first)) == snap.body  # concatenated members: one stream
+    again = cache.of(snap.parts)
+    assert all(a is b for a, b in zip(first, again, strict=True))  # not compressed again
+    cache.keep(Published().snapshot)  # a snapshot without those parts
+    assert all(a is not b for a, b in zip(first, cache.of(snap.parts), strict=True))
+
+
+@contextmanager
+def server(many: NodesExporter) -> Iterator[int]:
+    published = many.published
+    published.publish(many.snapshot())
+    metrics = MetricsServer(published, "127.0.0.1", 0)
+    metrics.start()
+    try:
+        yield metrics.port
+    finally:
+        metrics.stop()
+
+
+def fetch(port: int, path: str, **headers: str) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", path, headers=headers)
+    response = conn.getresponse()
+    body = response.read()
+    conn.close()
+    return response.status, {k.lower(): v for k, v in response.getheaders()}, body
+
+
+@freeze_time("2026-11-22 10:00:00")
+def test_a_node_s_page_and_health_over_http_with_and_without_gzip() -> None:
+    many = serving(Shard(0, 2))
+    mine = next(n for n in NAMES if shard_of(n, 2) == 0)
+    other = next(n for n in NAMES if shard_of(n, 2) == 1)
+    with server(many) as port:
+        status, headers, page = fetch(port, f"/metrics/nodes/{mine}")
+        assert status == 200 and hostnames(page) == {mine}
+        assert "content-encoding" not in headers and headers["vary"] == "Accept-Encoding"
+        status, headers, zipped = fetch(
+            port, f"/metrics/nodes/{mine}", **{"Accept-Encoding": "gzip"}
+        )
+        assert (status, headers["content-encoding"]) == (200, "gzip")
+        assert gzip.decompress(zipped) == page and int(headers["content-length"]) == len(zipped)
+        status, _, whole = fetch(port, "/metrics", **{"Accept-Encoding": "gzip"})
+        assert gzip.decompress(whole) == b"".join((*many.published.snapshot.parts,
+                                                   many.published.snapshot.own))  # fmt: skip
+        assert fetch(port, f"/health/nodes/{mine}")[:3:2] == (200, b"ok\n")
+        for path in (f"/metrics/nodes/{other}", f"/health/nodes/{other}", "/metrics/nodes/x%0A"):
+            status, _, body = fetch(port, path)
+            assert status == 404 and body.endswith(b"is not served here\n"), (path, body)
+            assert b"\n" not in body[:-1]  # a name from the request stays one line
+
+
+def test_shard_flags_are_checked_and_the_ordinal_read_from_the_pod_name(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["--topology-file", "x.yaml", "--once"]
+    for argv, message in (
+        (["--all-nodes", "--shard", "1"], "--shard goes with --total-shards"),
+        (["--node-name", "n", "--total-shards", "2"], "--total-shards goes with --all-nodes"),
+        (["--all-nodes", "--total-shards", "2", "--shard", "2"], "shard 2 is not one of 2"),
+        (["--all-nodes", "--total-shards", "-1"], "expected a whole number, got '-1'"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main([*base, *argv])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+    given: list[Shard | None] = []
+    monkeypatch.setattr(cli, "_once", lambda args, options, shard: given.append(shard) or 0)
+    monkeypatch.setenv("POD_NAME", "nvidia-dcgm-exporter-all-nodes-3")
+    assert cli.main([*base, "--all-nodes", "--total-shards", "4"]) == 0
+    monkeypatch.setenv("TOTAL_SHARDS", "5")
+    monkeypatch.setenv("SHARD", "2")
+    assert cli.main([*base, "--all-nodes"]) == 0
+    monkeypatch.setenv("POD_NAME", "no-ordinal")
+    monkeypatch.delenv("SHARD")
+    with pytest.raises(SystemExit):
+        cli.main([*base, "--all-nodes"])
+    assert "the pod name 'no-ordinal' ends in no ordinal" in capsys.readouterr().err
+    assert given == [Shard(3, 4), Shard(2, 5)]
