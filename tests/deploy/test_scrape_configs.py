@@ -1,0 +1,58 @@
+"""deploy/prometheus/: the scrape configs that make each node `exporter --all-nodes` serves its
+own target, checked by promtool. Debian's Prometheus is built without Kubernetes discovery, so
+the check swaps it for a static list of Nodes carrying the label it gives; the rest is checked
+as shipped (and run by a real Prometheus in tests/live/test_many_targets.py)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.base import ROOT
+
+PROMETHEUS = ROOT / "deploy" / "prometheus"
+FILES = sorted(p.name for p in PROMETHEUS.glob("*.yml"))
+
+
+def shipped_config(
+    name: str, nodes: tuple[str, ...] = ("kwok-gpu-00", "kwok-gpu-01")
+) -> dict[str, Any]:
+    """A shipped scrape config, Kubernetes discovery of the Nodes swapped for a static list of
+    them (with `__meta_kubernetes_node_name`, as discovery labels them)."""
+    config: dict[str, Any] = yaml.safe_load((PROMETHEUS / name).read_text())
+    for job in config["scrape_configs"]:
+        (sd,) = job.pop("kubernetes_sd_configs")
+        assert sd["role"] == "node" and sd["selectors"] == [{"role": "node", "label": "type=kwok"}]
+        job["static_configs"] = [
+            {"targets": [node], "labels": {"__meta_kubernetes_node_name": node}} for node in nodes
+        ]
+    return config
+
+
+def test_both_are_shipped() -> None:
+    assert FILES == ["kwok-nodes-sharded.yml", "kwok-nodes.yml"]
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_promtool_accepts_the_scrape_config(name: str, tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is required: run ./scripts/install-test-tools"
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(shipped_config(name)))
+    done = subprocess.run([promtool, "check", "config", str(path)], capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_each_node_is_its_own_target_at_its_page(name: str) -> None:
+    (job,) = shipped_config(name)["scrape_configs"]
+    rules = {r.get("target_label"): r for r in job["relabel_configs"]}
+    assert rules["__metrics_path__"]["replacement"] == "/metrics/nodes/$1"
+    assert rules["instance"]["source_labels"] == ["__meta_kubernetes_node_name"]
+    assert rules["__address__"]["replacement"].endswith(".gpu-operator.svc:9400")
