@@ -23,7 +23,7 @@ from exporter.many import NodesExporter
 from exporter.node import missing_node, node_of
 from exporter.service import Exporter
 from exporter.shards import Shard, ordinal
-from exporter.sources import file_source, read_topology_file, watches
+from exporter.sources import file_source, read_topology_file, watch_own_statefulset, watches
 from kube.api import port
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
@@ -38,7 +38,7 @@ ENVIRONMENT = (
     *CLUSTER_ENVIRONMENT, "NODE_NAME", "DCGM_EXPORTER_INTERVAL", "DRIVER_VERSION",
     "EXPORTER_HOSTNAME", "DCGM_EXPORTER_COLLECTORS", "MIG_POD_LABELS", "KUBERNETES_VIRTUAL_GPUS",
     "WEB_CONFIG_FILE", "DCGM_EXPORTER_VERSION", "KUBERNETES_ENABLE_DRA", "TOTAL_SHARDS", "SHARD",
-    "POD_NAME",
+    "POD_NAME", "POD_NAMESPACE",
 )  # fmt: skip
 
 
@@ -126,6 +126,18 @@ def _topology_arguments(p: argparse.ArgumentParser) -> None:
         "Prometheus's hashmod; this replica serves one (env TOTAL_SHARDS)",
     )
     p.add_argument(
+        "--pod",
+        default=os.environ.get("POD_NAME") or None,
+        help="with --pod-namespace and --all-nodes, no --total-shards: this StatefulSet pod's "
+        "name; its replicas are the shard count, its ordinal the shard, followed as it scales "
+        "(env POD_NAME)",
+    )
+    p.add_argument(
+        "--pod-namespace",
+        default=os.environ.get("POD_NAMESPACE") or None,
+        help="the pod's namespace, for --pod (env POD_NAMESPACE)",
+    )
+    p.add_argument(
         "--shard",
         type=_count,
         default=os.environ.get("SHARD") or None,
@@ -141,6 +153,17 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _autoshard(p: argparse.ArgumentParser, args: argparse.Namespace) -> bool:
+    """Whether the shard count is its StatefulSet's replicas (--pod and --pod-namespace)."""
+    if not (args.all_nodes and args.pod and args.pod_namespace and args.total_shards is None):
+        return False
+    if args.topology_file is not None:
+        p.error("--pod and --pod-namespace read the StatefulSet: not with --topology-file")
+    if ordinal(args.pod) is None:
+        p.error(f"--pod {args.pod!r} ends in no StatefulSet ordinal")
+    return True
+
+
 def _shard(p: argparse.ArgumentParser, args: argparse.Namespace) -> Shard | None:
     """--shard and --total-shards, the shard from the pod's name where it is not given."""
     if args.total_shards is None:
@@ -151,7 +174,7 @@ def _shard(p: argparse.ArgumentParser, args: argparse.Namespace) -> Shard | None
         p.error("--total-shards goes with --all-nodes")
     number = args.shard
     if number is None:
-        pod = os.environ.get("POD_NAME") or socket.gethostname()
+        pod = args.pod or socket.gethostname()
         number = ordinal(pod)
         if number is None:
             p.error(f"--shard not given and the pod name {pod!r} ends in no ordinal")
@@ -326,6 +349,11 @@ def serve(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None =
             print(f"error: {e}", file=sys.stderr)
             return EXIT_USAGE
         sources = watches(exporter, stop, client, args.layout, args.node_name, args.node_selector)
+        if args.autoshard and isinstance(exporter, NodesExporter):
+            sources.append(threading.Thread(
+                target=watch_own_statefulset,
+                args=(exporter, stop, client, args.pod, args.pod_namespace), daemon=True,
+            ))  # fmt: skip
     try:
         server = MetricsServer(published, args.address, args.port, web)
     except OSError as e:
@@ -379,6 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.node_selector and args.topology_file is not None:
         p.error("--node-selector reads Node labels from the cluster: not with --topology-file")
     shard = _shard(p, args)
+    args.autoshard = _autoshard(p, args)
     try:
         counters = read_counters(args.collectors) if args.collectors else dcgm.default_counters()
     except CountersError as e:

@@ -36,7 +36,8 @@ from web.server import Published, Snapshot
 log = logging.getLogger("exporter")
 _START = "start"
 # Problem keys: what reports a problem, and clears it when it is good again.
-CONFIGMAPS, NODES, SOURCES = "configmaps", "nodes", "sources"
+CONFIGMAPS, NODES, SOURCES, SHARDS = "configmaps", "nodes", "sources", "shards"
+SHARDS_WATCH = "statefulset"  # reading the shard count failed (its last count is kept)
 
 
 class ServedNodes(RenderLoop):
@@ -59,6 +60,7 @@ class ServedNodes(RenderLoop):
         super().__init__(published, health, clock)
         self.options = options
         self.shard = shard
+        self._sharding: str | None = None  # why no node is served yet (autosharding), if so
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeTopology] = {}  # last good entry of every node seen
         self._selected = selected
@@ -105,6 +107,8 @@ class ServedNodes(RenderLoop):
 
     def _serves(self, name: str) -> bool:
         """Whether the node is served here (under `_lock`): selected, and of this shard."""
+        if self._sharding is not None:
+            return False  # the shard count is not known yet (or this replica is going away)
         selected = self._selected is None or name in self._selected
         return selected and (self.shard is None or self.shard.owns(name))
 
@@ -140,16 +144,21 @@ class NodesExporter(ServedNodes):
         clock: Callable[[], float] | None = None,
         node_selector: str | None = None,
         shard: Shard | None = None,
+        autoshard: str | None = None,
     ) -> None:
         """`node_selector`: only the nodes `select` names are served, once it has named them;
-        `shard`: of those, the ones whose name hashes to it."""
+        `shard`: of those, the ones whose name hashes to it; `autoshard`: what will say the
+        shard count (`reshard`), nothing served until it has."""
         first = {_START: "no topology yet"}
         if node_selector:
             first[NODES] = f"Nodes -l {node_selector}: not listed yet"
         # --node-selector's nodes (the last good list's); None: every node. Nothing selected until
         # the Nodes are listed, so a real node is never served while they cannot be.
         selected: set[str] | None = set() if node_selector else None
+        if autoshard is not None:
+            first[SHARDS] = f"{autoshard}: the shard count is not read yet"
         super().__init__(options, published, Health(first), clock, selected, shard)
+        self._sharding = first.get(SHARDS)  # none served until the shard count is read
         self._listed = node_selector is None  # whether `_selected` came from a Node list
         self._sources: dict[str, set[str]] = {}  # source -> the nodes it holds
 
@@ -224,6 +233,31 @@ class NodesExporter(ServedNodes):
             self.health.clear(NODES, listed)
         self.wake.set()
 
+    def reshard(self, shard: Shard | None, reason: str | None = None) -> None:
+        """The shard count was read (its StatefulSet's replicas): serve `shard`'s nodes; None
+        with the `reason` none is served (an ordinal past the replicas: a pod going away)."""
+        with self._lock:
+            if shard == self.shard and reason == self._sharding:
+                return
+            self.shard, self._sharding = shard, reason
+            self._dirty |= set(self._nodes) | set(self._parts)
+            if reason is None:
+                self.health.clear(SHARDS)
+                if shard is not None:
+                    log.info("serving shard %d of %d", shard.ordinal, shard.total)
+            else:
+                self.health.set(SHARDS, reason)
+        self.wake.set()
+
+    def shard_count_unread(self, reason: str | None) -> None:
+        """Reading the shard count failed (None: it reads again): the last count is kept."""
+        with self._lock:
+            if reason is None:
+                self.health.clear(SHARDS_WATCH)
+            else:
+                self.health.set(SHARDS_WATCH, f"{reason}; keeping the shard count")
+        self.wake.set()
+
     def selection_failed(self, reason: str) -> None:
         """The Nodes cannot be listed or watched: keep serving the last selection, and say so."""
         with self._lock:
@@ -252,4 +286,4 @@ class NodesExporter(ServedNodes):
     def _ready(self) -> bool:
         # A source was read: its nodes (maybe none) are true; with a node selector, the Nodes
         # were listed too: before, nothing is selected, and an empty body would be a lie.
-        return not self.health.has(_START) and self._listed
+        return not self.health.has(_START) and self._listed and not self.health.has(SHARDS)

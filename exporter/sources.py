@@ -10,15 +10,17 @@ unreachable API, keeps the last good topology and turns `/health` to 503.
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 import kubernetes
 
 from common.files import UnreadableFile, read_text
 from exporter.many import NodesExporter
-from kube.api import Obj, list_watch
+from exporter.shards import Shard, ordinal
+from kube.api import REQUEST_TIMEOUT, Backoff, Obj, describe, list_watch
 from topology import configmap as contract
 from topology.configmap import node_configmap_name, parse_document
 from topology.errors import TopologyError
@@ -219,3 +221,74 @@ def watch_selected_nodes(
         on_error=exporter.selection_failed,
         label_selector=selector,
     )
+
+
+def watch_own_statefulset(
+    exporter: NodesExporter, stop: threading.Event, client: kubernetes.client.ApiClient,
+    pod: str, namespace: str,
+) -> None:  # fmt: skip
+    """Autosharding, as kube-state-metrics': this pod's StatefulSet's replicas are the shard
+    count, the ordinal its name ends with its shard, followed as the StatefulSet is scaled."""
+    number = ordinal(pod)
+    assert number is not None  # checked with the flags
+    owner = _statefulset_of(exporter, stop, client, pod, namespace)
+    if owner is None:
+        return
+    apps = kubernetes.client.AppsV1Api(client)
+    what = f"StatefulSet {namespace}/{owner}"
+
+    def apply(sts: Obj | None) -> None:
+        if sts is None:
+            exporter.reshard(None, f"{what}: not found; serving no node")
+            return
+        replicas = (sts.get("spec") or {}).get("replicas", 1)
+        if type(replicas) is not int or not 0 < number + 1 <= replicas:
+            reason = (
+                f"{what} has {replicas} replicas, this pod is ordinal {number}: serving no node"
+            )
+            exporter.reshard(None, reason)
+        else:
+            exporter.reshard(Shard(number, replicas))
+
+    def on_reset(items: list[Obj]) -> None:
+        exporter.shard_count_unread(None)
+        apply(next((s for s in items if _name(s) == owner), None))
+
+    def on_event(kind: str, sts: Obj) -> None:
+        if _name(sts) == owner:
+            apply(None if kind == "DELETED" else sts)
+
+    list_watch(
+        what,
+        lambda **kw: apps.list_namespaced_stateful_set(namespace, **kw),
+        on_reset,
+        on_event,
+        stop,
+        on_error=exporter.shard_count_unread,
+        field_selector=f"metadata.name={owner}",
+    )
+
+
+def _statefulset_of(
+    exporter: NodesExporter, stop: threading.Event, client: kubernetes.client.ApiClient,
+    pod: str, namespace: str,
+) -> str | None:  # fmt: skip
+    """The StatefulSet that owns the pod, read until the API answers; None when it has none."""
+    core = kubernetes.client.CoreV1Api(client)
+    backoff = Backoff()
+    while not stop.is_set():
+        try:
+            found = core.read_namespaced_pod(pod, namespace, _preload_content=False,
+                                             _request_timeout=REQUEST_TIMEOUT)  # fmt: skip
+            meta = json.loads(cast(Any, found).data).get("metadata") or {}
+        except Exception as e:  # the API is not there yet: try again
+            exporter.shard_count_unread(f"pod {namespace}/{pod}: {describe(e)}")
+            backoff.wait(stop)
+            continue
+        exporter.shard_count_unread(None)
+        for ref in meta.get("ownerReferences") or []:
+            if isinstance(ref, dict) and ref.get("kind") == "StatefulSet":
+                return str(ref.get("name"))
+        exporter.reshard(None, f"pod {namespace}/{pod} is no StatefulSet's: give --total-shards")
+        return None
+    return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,8 +17,10 @@ from freezegun import freeze_time
 from exporter import cli, dcgm
 from exporter.many import NodesExporter
 from exporter.shards import Shard, ordinal, shard_of
+from exporter.sources import watch_own_statefulset
 from tests.exporter.test_exporter import MIG, whole_gpu
 from tests.exporter.test_many import doc
+from tests.support.kubeapi import KubeAPI, eventually
 from tests.support.promtext import parse
 from web.server import Gzipped, MetricsServer, Published, accepts_gzip
 
@@ -173,3 +176,41 @@ def test_shard_flags_are_checked_and_the_ordinal_read_from_the_pod_name(
         cli.main([*base, "--all-nodes"])
     assert "the pod name 'no-ordinal' ends in no ordinal" in capsys.readouterr().err
     assert given == [Shard(3, 4), Shard(2, 5)]
+
+
+def test_a_statefulset_pod_serves_its_ordinal_s_shard_of_the_replicas_as_they_scale() -> None:
+    """Autosharding, as kube-state-metrics': `--pod`/`--pod-namespace` name a StatefulSet's pod;
+    its replicas are the shard count, followed as it is scaled. Nothing is served before they
+    are read, nor by a pod whose ordinal is past them (it is going away)."""
+    with KubeAPI.start() as kube:
+        kube.create("statefulsets", {"metadata": {"name": "all-nodes"}, "spec": {"replicas": 2}},
+                    "ops")  # fmt: skip
+        owner = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "all-nodes",
+                 "uid": "u", "controller": True}  # fmt: skip
+        kube.create("pods", {"metadata": {"name": "all-nodes-1", "ownerReferences": [owner]}},
+                    "ops")  # fmt: skip
+        many = NodesExporter(OPTIONS, Published(), autoshard="StatefulSet of pod ops/all-nodes-1")
+        for name in NAMES:
+            many.update_source(f"topology-{name}", doc(name, MIG), f"ConfigMap {name}")
+        before = many.snapshot()
+        assert not before.ready and before.pages == {}
+        stop = threading.Event()
+        watch = threading.Thread(target=watch_own_statefulset,
+                                 args=(many, stop, kube.api_client(), "all-nodes-1", "ops"))  # fmt: skip
+        watch.start()
+        try:
+            for total in (2, 3):
+                if total == 3:
+                    kube.patch("statefulsets", "all-nodes", {"spec": {"replicas": 3}}, "ops")
+                mine = {n for n in NAMES if shard_of(n, total) == 1}
+                eventually(lambda m=mine: set(many.snapshot().pages) == m, timeout=10)
+                assert f"mig_exporter_total_shards {total}\n" in many.snapshot().own.decode()
+            kube.patch("statefulsets", "all-nodes", {"spec": {"replicas": 1}}, "ops")
+            eventually(lambda: not many.snapshot().pages, timeout=10)
+            assert many.snapshot().reason == (
+                "StatefulSet ops/all-nodes has 1 replicas, this pod is ordinal 1: serving no node"
+            )
+        finally:
+            stop.set()
+            kube.cut_watches()
+            watch.join(5)

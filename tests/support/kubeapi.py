@@ -95,6 +95,7 @@ KINDS: dict[str, Kind] = {
         Kind("", "v1", "configmaps", "ConfigMap", namespaced=True),
         Kind("", "v1", "events", "Event", namespaced=True),
         Kind("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
+        Kind("apps", "v1", "statefulsets", "StatefulSet", namespaced=True),
         # DRA (resource.k8s.io/v1, GA since Kubernetes 1.34): what the DRA mode reads and writes.
         Kind("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False),
         Kind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True),
