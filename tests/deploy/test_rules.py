@@ -49,7 +49,7 @@ def test_the_rule_is_a_prometheus_operator_object() -> None:
     rules = [r for g in doc["spec"]["groups"] for r in g["rules"]]
     assert {r.get("record") or r.get("alert") for r in rules} == {
         "mig:fb_used_mib:sum", "mig:fb_free_mib:sum", "mig:fb_used:ratio",
-        "MigInstanceMemoryNearFull",
+        "MigInstanceMemoryNearFull", "MigExporterShardingMismatch", "MigExporterShardsMissing",
     }  # fmt: skip
 
 
@@ -57,7 +57,7 @@ def test_promtool_checks_the_rules(tmp_path: Path) -> None:
     directory = unit_test_dir(tmp_path, crd()["spec"])
     result = promtool("check", "rules", "rules.yaml", cwd=directory)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 4 rules found" in result.stdout
+    assert "SUCCESS: 6 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass(tmp_path: Path) -> None:
@@ -77,6 +77,17 @@ def test_promtool_unit_tests_pass(tmp_path: Path) -> None:
             '(DCGM_FI_DEV_FB_USED{GPU_I_PROFILE!=""})',
             "(DCGM_FI_DEV_FB_USED)",
         ),
+        (
+            "shard counts compared",
+            "(mig_exporter_total_shards) != 0",
+            "(mig_exporter_total_shards) > 1",
+        ),
+        (
+            "each shard once",
+            "sum by (job) (2 ^ mig_exporter_shard_ordinal)",
+            "count by (job) (mig_exporter_shard_ordinal)",
+        ),
+        ("shards' patience", "for: 15m", "for: 30m"),
     ],
 )
 def test_the_unit_tests_catch_a_broken_rule(tmp_path: Path, what: str, old: str, new: str) -> None:
