@@ -86,7 +86,7 @@ BASE_OBJECTS = {
 }
 ALL_NODES_OBJECTS = BASE_OBJECTS | {(kind, ALL_NODES) for kind in (
     "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
-    "Deployment", "Service", "ServiceMonitor")}  # fmt: skip
+    "StatefulSet", "Service", "ServiceMonitor")}  # fmt: skip
 UPDATER_DRA = "topology-status-updater-dra"
 EXPECTED_OBJECTS = {
     "per-node": BASE_OBJECTS,
@@ -677,7 +677,7 @@ def test_pods_are_locked_down(install: str) -> None:
     specs = dict(pod_specs(render(install)))
     expected = {f"DaemonSet/{EXPORTER}", f"Deployment/{UPDATER}"}
     if install in ("all-nodes", "dra"):
-        expected.add(f"Deployment/{ALL_NODES}")
+        expected.add(f"StatefulSet/{ALL_NODES}")
     assert set(specs) == expected
     for where, pod in specs.items():
         pod_sc = pod.get("securityContext", {})
@@ -820,9 +820,9 @@ def test_status_updater_rbac(rendered: list[dict[str, Any]]) -> None:
 
 def test_all_nodes_install() -> None:
     rendered = render("all-nodes")
-    deploy = find(rendered, "Deployment", ALL_NODES)
-    assert deploy["spec"]["replicas"] == 1  # two would export every node twice
-    pod = deploy["spec"]["template"]["spec"]
+    sts = find(rendered, "StatefulSet", ALL_NODES)
+    assert sts["spec"]["replicas"] == 1 and sts["spec"]["podManagementPolicy"] == "Parallel"
+    pod = sts["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == ALL_NODES
     [container] = pod["containers"]
     args = container["args"]
@@ -833,12 +833,19 @@ def test_all_nodes_install() -> None:
     assert env["TOPOLOGY_LAYOUT"]["value"] == "per-node"
     assert "NODE_NAME" not in env
     assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": PORT_NAME}
+    # Autosharding: the exporter reads its pod and namespace, and shards by the replicas (no
+    # fixed count that scaling would leave behind).
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert "TOTAL_SHARDS" not in env and "--total-shards" not in args
 
-    # Its own Service and ServiceMonitor: they select its pod and not the DaemonSet's, and the
-    # DaemonSet's selector does not reach its pod.
-    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    # Its own Service (headless: each pod's DNS name, for its shard's targets) and
+    # ServiceMonitor: they select its pods and not the DaemonSet's, and the DaemonSet's selector
+    # does not reach its pods.
+    labels = sts["spec"]["template"]["metadata"]["labels"]
     ds = find(rendered, "DaemonSet", EXPORTER)
     svc = find(rendered, "Service", ALL_NODES)
+    assert sts["spec"]["serviceName"] == ALL_NODES and svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["selector"].items() <= labels.items()
     assert (
         not svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
@@ -849,19 +856,22 @@ def test_all_nodes_install() -> None:
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert [e["honorLabels"] for e in sm["spec"]["endpoints"]] == [False]
 
-    # RBAC: read the ConfigMaps here, list/watch Nodes (for --node-selector), nothing else.
+    # RBAC: read the ConfigMaps here, list/watch Nodes (for --node-selector), read its own pod
+    # and its StatefulSet (by name), nothing else.
     cluster, namespaced = bound_rules(rendered, ALL_NODES)
     for verb in READ_VERBS:
         assert allowed(namespaced, verb, "configmaps", name="topology-n")
+        assert allowed(namespaced, verb, "statefulsets", "apps", ALL_NODES)
+        assert not allowed(namespaced, verb, "statefulsets", "apps", "someone-elses")
+    assert allowed(namespaced, "get", "pods", name=f"{ALL_NODES}-0")
     assert not allowed(namespaced, "patch", "configmaps", name="topology-n")
     assert allowed(cluster, "list", "nodes") and allowed(cluster, "watch", "nodes")
     granted = {
         (r, v) for rule in cluster + namespaced for r in rule["resources"] for v in rule["verbs"]
     }
     assert granted == {("configmaps", v) for v in READ_VERBS} | {
-        ("nodes", "list"),
-        ("nodes", "watch"),
-    }
+        ("statefulsets", v) for v in READ_VERBS} | {
+        ("nodes", "list"), ("nodes", "watch"), ("pods", "get")}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- image
@@ -937,7 +947,7 @@ def test_dra_install() -> None:
             mp.setenv(key, value)
         args = updater_parser().parse_args(updater["args"][1:])  # after `python -m status_updater`
     assert (args.dra_node_selector, args.dra_dynamic_mig) == ("type=kwok", False)
-    [exporter] = find(rendered, "Deployment", ALL_NODES)["spec"]["template"]["spec"]["containers"]
+    [exporter] = find(rendered, "StatefulSet", ALL_NODES)["spec"]["template"]["spec"]["containers"]
     selector = exporter["args"][exporter["args"].index("--node-selector") + 1]
     assert selector == args.dra_node_selector
     assert env_of(exporter)["KUBERNETES_ENABLE_DRA"]["value"] == "true"

@@ -18,13 +18,16 @@ from exporter import cli, dcgm
 from exporter.many import NodesExporter
 from exporter.shards import Shard, ordinal, shard_of
 from exporter.sources import watch_own_statefulset
+from tests.deploy.test_deploy import bound_rules, render
 from tests.exporter.test_exporter import MIG, whole_gpu
 from tests.exporter.test_many import doc
 from tests.support.kubeapi import KubeAPI, eventually
 from tests.support.promtext import parse
+from tests.support.rbac import allowed, request_of
 from web.server import Gzipped, MetricsServer, Published, accepts_gzip
 
 NAMES = [f"kwok-node-{i}" for i in range(24)]
+STS = "nvidia-dcgm-exporter-all-nodes"
 OPTIONS = dcgm.Options("ignored", "535.104.05")
 
 
@@ -183,34 +186,39 @@ def test_a_statefulset_pod_serves_its_ordinal_s_shard_of_the_replicas_as_they_sc
     its replicas are the shard count, followed as it is scaled. Nothing is served before they
     are read, nor by a pod whose ordinal is past them (it is going away)."""
     with KubeAPI.start() as kube:
-        kube.create("statefulsets", {"metadata": {"name": "all-nodes"}, "spec": {"replicas": 2}},
-                    "ops")  # fmt: skip
-        owner = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "all-nodes",
-                 "uid": "u", "controller": True}  # fmt: skip
-        kube.create("pods", {"metadata": {"name": "all-nodes-1", "ownerReferences": [owner]}},
-                    "ops")  # fmt: skip
-        many = NodesExporter(OPTIONS, Published(), autoshard="StatefulSet of pod ops/all-nodes-1")
+        kube.create("statefulsets", {"metadata": {"name": STS}, "spec": {"replicas": 2}}, "ops")
+        owner = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": STS, "uid": "u",
+                 "controller": True}  # fmt: skip
+        kube.create("pods", {"metadata": {"name": f"{STS}-1", "ownerReferences": [owner]}}, "ops")
+        many = NodesExporter(OPTIONS, Published(), autoshard=f"StatefulSet of pod ops/{STS}-1")
         for name in NAMES:
             many.update_source(f"topology-{name}", doc(name, MIG), f"ConfigMap {name}")
         before = many.snapshot()
         assert not before.ready and before.pages == {}
         stop = threading.Event()
         watch = threading.Thread(target=watch_own_statefulset,
-                                 args=(many, stop, kube.api_client(), "all-nodes-1", "ops"))  # fmt: skip
+                                 args=(many, stop, kube.api_client(), f"{STS}-1", "ops"))  # fmt: skip
         watch.start()
         try:
             for total in (2, 3):
                 if total == 3:
-                    kube.patch("statefulsets", "all-nodes", {"spec": {"replicas": 3}}, "ops")
+                    kube.patch("statefulsets", STS, {"spec": {"replicas": 3}}, "ops")
                 mine = {n for n in NAMES if shard_of(n, total) == 1}
                 eventually(lambda m=mine: set(many.snapshot().pages) == m, timeout=10)
                 assert f"mig_exporter_total_shards {total}\n" in many.snapshot().own.decode()
-            kube.patch("statefulsets", "all-nodes", {"spec": {"replicas": 1}}, "ops")
+            kube.patch("statefulsets", STS, {"spec": {"replicas": 1}}, "ops")
             eventually(lambda: not many.snapshot().pages, timeout=10)
             assert many.snapshot().reason == (
-                "StatefulSet ops/all-nodes has 1 replicas, this pod is ordinal 1: serving no node"
+                f"StatefulSet ops/{STS} has 1 replicas, this pod is ordinal 1: serving no node"
             )
         finally:
             stop.set()
             kube.cut_watches()
             watch.join(5)
+        # Every request it made is one deploy/all-nodes/'s Role and ClusterRole grant it.
+        cluster, namespaced = bound_rules(render("all-nodes"), STS)
+        asked = {r for e in kube.journal() if not e.harness and (r := request_of(e))}
+        assert {(r.verb, r.resource) for r in asked} >= {("get", "pods"), ("watch", "statefulsets")}
+        for r in asked:
+            rules = namespaced if r.namespace is not None else cluster
+            assert allowed(rules, r.verb, r.resource, r.group, r.name), r

@@ -59,6 +59,9 @@ def request_of(entry: JournalEntry) -> Request | None:
     if entry.method == "GET":
         watching = entry.params.get("watch") in ("true", "1", "True")
         verb = "watch" if watching else "get" if name else "list"
+        selector = entry.params.get("fieldSelector", "")
+        if name is None and selector.startswith("metadata.name=") and "," not in selector:
+            name = selector.removeprefix("metadata.name=")  # as RBAC's resourceNames sees it
     else:
         verb = _VERBS[entry.method]
     return Request(verb, group, resource, namespace, name)
