@@ -219,7 +219,74 @@ PROMETHEUSRULE_SCHEMA: dict[str, Any] = {
         },
     },
 }
+# ScrapeConfig (monitoring.coreos.com_scrapeconfigs.yaml, v1alpha1): the fields
+# deploy/prometheus/kwok-nodes-scrapeconfig.yaml uses, as the CRD declares them.
+_ROLES = ["Pod", "Endpoints", "Ingress", "Service", "Node", "EndpointSlice"]
+_ACTIONS = [a for name in ("replace", "keep", "drop", "hashmod", "labelmap", "labeldrop",
+                           "labelkeep", "lowercase", "uppercase", "keepequal", "dropequal")
+            for a in (name, {"hashmod": "HashMod", "labelmap": "LabelMap", "labeldrop": "LabelDrop",
+                             "labelkeep": "LabelKeep", "keepequal": "KeepEqual",
+                             "dropequal": "DropEqual"}.get(name, name.capitalize()))]  # fmt: skip
+SCRAPECONFIG_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1alpha1"},
+        "kind": {"const": "ScrapeConfig"},
+        "metadata": {"type": "object"},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "jobName": {"type": "string", "minLength": 1},
+                "scrapeInterval": {"type": "string", "pattern": _DURATION},
+                "kubernetesSDConfigs": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["role"],
+                        "properties": {
+                            "role": {"enum": _ROLES},
+                            "selectors": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "required": ["role"],
+                                    "properties": {
+                                        "role": {"enum": _ROLES},
+                                        "label": {"type": "string", "minLength": 1},
+                                        "field": {"type": "string", "minLength": 1},
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+                "relabelings": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "action": {"enum": _ACTIONS},
+                            "modulus": {"type": "integer", "minimum": 0},
+                            "regex": {"type": "string"},
+                            "replacement": {"type": "string"},
+                            "separator": {"type": "string"},
+                            "sourceLabels": {"type": "array", "items": {"type": "string"}},
+                            "targetLabel": {"type": "string"},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
 CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1alpha1", "ScrapeConfig"): SCRAPECONFIG_SCHEMA,
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICEMONITOR_SCHEMA,
     ("monitoring.coreos.com/v1", "PrometheusRule"): PROMETHEUSRULE_SCHEMA,
 }

@@ -36,6 +36,7 @@ def shipped_config(
 
 def test_both_are_shipped() -> None:
     assert FILES == ["kwok-nodes-sharded.yml", "kwok-nodes.yml"]
+    assert (PROMETHEUS / "kwok-nodes-scrapeconfig.yaml").exists()  # the operator's
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -56,3 +57,28 @@ def test_each_node_is_its_own_target_at_its_page(name: str) -> None:
     assert rules["__metrics_path__"]["replacement"] == "/metrics/nodes/$1"
     assert rules["instance"]["source_labels"] == ["__meta_kubernetes_node_name"]
     assert rules["__address__"]["replacement"].endswith(".gpu-operator.svc:9400")
+
+
+def operator_job(path: Path) -> dict[str, Any]:
+    """A ScrapeConfig as the Prometheus operator writes it into Prometheus's configuration: its
+    roles in lower case, its fields in snake case (the fields it uses)."""
+    spec = yaml.safe_load(path.read_text())["spec"]
+    snake = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    return {
+        "job_name": spec["jobName"],
+        "scrape_interval": spec["scrapeInterval"],
+        "kubernetes_sd_configs": [
+            {"role": sd["role"].lower(),
+             "selectors": [{**s, "role": s["role"].lower()} for s in sd.get("selectors", [])]}
+            for sd in spec["kubernetesSDConfigs"]
+        ],
+        "relabel_configs": [{snake.get(k, k): v for k, v in r.items()}
+                            for r in spec["relabelings"]],
+    }  # fmt: skip
+
+
+def test_the_operator_s_scrape_config_is_the_plain_one() -> None:
+    """deploy/prometheus/kwok-nodes-scrapeconfig.yaml (its schema is checked with the other
+    manifests in test_deploy.py) says to Prometheus what kwok-nodes.yml says."""
+    plain: dict[str, Any] = yaml.safe_load((PROMETHEUS / "kwok-nodes.yml").read_text())
+    assert operator_job(PROMETHEUS / "kwok-nodes-scrapeconfig.yaml") == plain["scrape_configs"][0]
