@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from exporter import readings
-from exporter.fields import DEFAULT_COUNTERS, EMPTY, GPU, MIG, Counters, read_counters
+from exporter.fields import DEFAULT_COUNTERS, EMPTY, GPU, MIG, Counters, Field, read_counters
 from exporter.readings import EnergyMeter
 from exporter.series import GpuLabels, InstanceSeries, Labels, Subject, gpu_subjects
 from topology import dra
@@ -219,23 +219,56 @@ def fragments(node: NodeTopology, options: Options, now: float) -> dict[str, byt
 def subject_fragments(subjects: Iterable[Subject], counters: Counters) -> dict[str, bytes]:
     """The series lines of `entities`' subjects (simulated or read), per family: a value the
     source does not have (None) has no line."""
-    texts = [
-        (kind, ",".join(f'{k}="{_escape(v)}"' for k, v in labels), reading)
-        for kind, labels, reading in subjects
+    return Rendered.of(list(subjects), counters).parts
+
+
+def _label_texts(subjects: list[Subject]) -> list[tuple[str, str]]:
+    return [
+        (kind, ",".join(f'{k}="{_escape(v)}"' for k, v in labels)) for kind, labels, _ in subjects
     ]
-    out: dict[str, bytes] = {}
-    for counter in counters.metrics:
-        f = counter.field
-        lines = [
-            f"{f.name}{{{text}}} {sample}\n"
-            for kind, text, reading in texts
-            if kind in f.where
-            and (value := f.read(reading)) is not None
-            and (sample := value_text(value, f.decimal)) is not None
-        ]
-        if lines:
-            out[f.name] = "".join(lines).encode()
-    return out
+
+
+def _family(f: Field, texts: list[tuple[str, str]], subjects: list[Subject]) -> bytes:
+    lines = [
+        f"{f.name}{{{text}}} {sample}\n"
+        for (kind, text), (_, _, reading) in zip(texts, subjects, strict=True)
+        if kind in f.where
+        and (value := f.read(reading)) is not None
+        and (sample := value_text(value, f.decimal)) is not None
+    ]
+    return "".join(lines).encode()
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A node's series as rendered, with what a collection step keeps: the label text of every
+    series, and the families whose values do not move in time. A step (the same topology, a
+    later time) computes only the readings and the families that move (`step`)."""
+
+    texts: list[tuple[str, str]]  # (kind, label text) of each subject, in order
+    parts: dict[str, bytes]  # family -> its lines
+
+    @classmethod
+    def of(cls, subjects: list[Subject], counters: Counters) -> Rendered:
+        texts = _label_texts(subjects)
+        parts = {}
+        for counter in counters.metrics:
+            if lines := _family(counter.field, texts, subjects):
+                parts[counter.field.name] = lines
+        return cls(texts, parts)
+
+    def step(self, subjects: list[Subject], counters: Counters) -> Rendered:
+        """The same series at a later time: `subjects` are `entities` of the same topology and
+        options, so they come in the same order with the same labels."""
+        if len(subjects) != len(self.texts):  # never, for the same topology: render whole
+            return Rendered.of(subjects, counters)
+        parts = {}
+        for counter in counters.metrics:
+            f = counter.field
+            lines = _family(f, self.texts, subjects) if f.moves else self.parts.get(f.name)
+            if lines:
+                parts[f.name] = lines
+        return Rendered(self.texts, parts)
 
 
 @lru_cache(maxsize=8)

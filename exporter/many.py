@@ -66,6 +66,9 @@ class ServedNodes(RenderLoop):
         self._selected = selected
         self._dirty: set[str] = set()  # nodes to render again
         self._parts: dict[str, dict[str, bytes]] = {}  # node -> its fragments, as served
+        # node -> the entry it was last rendered from, and that rendering: a step of the same
+        # entry keeps its label text and its still families (dcgm.Rendered.step).
+        self._rendered: dict[str, tuple[NodeTopology, dcgm.Rendered]] = {}
         self._pages: dict[str, tuple[bytes, ...]] = {}  # node -> its own page, joined
         self._moving: set[str] = set()  # nodes whose values move in time
         self._gpus: dict[str, set[str]] = {}  # node -> its GPU ids, whose energy is counted
@@ -118,13 +121,21 @@ class ServedNodes(RenderLoop):
         gone = self._gpus.pop(name, set())
         if node is None:
             self._parts.pop(name, None)
+            self._rendered.pop(name, None)
             self._pages.pop(name, None)
             self._moving.discard(name)
             self._forget_gpus(options.hostname, gone)
             return
         self._gpus[name] = {gpu.id for gpu in node.gpus}
         self._forget_gpus(options.hostname, gone - self._gpus[name])
-        self._parts[name] = dcgm.fragments(node, options, now)
+        subjects = dcgm.entities(node, options, now)
+        last = self._rendered.get(name)
+        if last is not None and last[0] is node:
+            rendered = last[1].step(subjects, options.counters)
+        else:
+            rendered = dcgm.Rendered.of(subjects, options.counters)
+        self._rendered[name] = (node, rendered)
+        self._parts[name] = rendered.parts
         self._pages[name] = dcgm.join_parts([self._parts[name]], self.options.counters)
         moving = dcgm.moves_in_time(node, self.options.counters)
         (self._moving.add if moving else self._moving.discard)(name)

@@ -10,20 +10,26 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from freezegun import freeze_time
 
 from exporter import cli, dcgm
 from exporter.many import NodesExporter
 from exporter.shards import Shard, ordinal, shard_of
 from exporter.sources import watch_own_statefulset
+from status_updater.state import ClusterState
 from tests.deploy.test_deploy import bound_rules, render
 from tests.exporter.test_exporter import MIG, whole_gpu
 from tests.exporter.test_many import doc
+from tests.support.base import SAMPLES
 from tests.support.kubeapi import KubeAPI, eventually
 from tests.support.promtext import parse
 from tests.support.rbac import allowed, request_of
+from topology.model import NodeTopology
 from web.server import Gzipped, MetricsServer, Published, accepts_gzip
 
 NAMES = [f"kwok-node-{i}" for i in range(24)]
@@ -222,3 +228,46 @@ def test_a_statefulset_pod_serves_its_ordinal_s_shard_of_the_replicas_as_they_sc
         for r in asked:
             rules = namespaced if r.namespace is not None else cluster
             assert allowed(rules, r.verb, r.resource, r.group, r.name), r
+
+
+def _docs(*paths: Path) -> list[dict[str, Any]]:
+    found = []
+    for path in paths:
+        for obj in yaml.safe_load_all(path.read_text()):
+            found += obj.get("items", [obj]) if obj else []
+    return found
+
+
+def step_cases() -> list[Any]:
+    """Every node of the samples (dynamic and static MIG with their pods, whole GPUs, DRA holders
+    and a made dynamic instance) under every option that changes the series."""
+    static = ClusterState.of(
+        _docs(*sorted((SAMPLES / "static" / "nodes").glob("*.yaml"))),
+        _docs(SAMPLES / "static" / "pods" / "a100-40gb-static-pods.yaml"),
+    )
+    dra = ClusterState.of(_docs(SAMPLES / "dra" / "nodes.yaml"), _docs(SAMPLES / "dra" / "pods.yaml"),
+                          claims=_docs(SAMPLES / "dra" / "claims.yaml"))  # fmt: skip
+    nodes = [*MIG.nodes.values(), *whole_gpu(50, 70).nodes.values()]
+    nodes += [r for s in (static, dra) for r in s.results.values() if isinstance(r, NodeTopology)]
+    options = [OPTIONS, dcgm.Options("h", "535.104.05", mig_pod_labels=True, virtual_gpus=True),
+               dcgm.Options("h", "580.65.06", exporter_version="4.8", dra=True)]  # fmt: skip
+    return [pytest.param(n, o, id=f"{i}-{j}") for i, n in enumerate(nodes)
+            for j, o in enumerate(options)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("node", "options"), step_cases())
+def test_a_step_keeps_the_labels_and_still_families_and_is_a_whole_render(
+    node: NodeTopology, options: dcgm.Options
+) -> None:
+    """A collection step renders only what moves, and gives what rendering all of it at that
+    time gives, series for series, also after many steps."""
+    start = 1_795_000_000.0
+    rendered = dcgm.Rendered.of(dcgm.entities(node, options, start), options.counters)
+    for k in range(1, 4):
+        now = start + 10 * k
+        stepped = rendered.step(dcgm.entities(node, options, now), options.counters)
+        whole = dcgm.Rendered.of(dcgm.entities(node, options, now), options.counters)
+        assert stepped.parts == whole.parts
+        still = [c.field.name for c in options.counters.metrics if not c.field.moves]
+        assert all(stepped.parts.get(f) is rendered.parts.get(f) for f in still)  # kept
+        rendered = stepped
