@@ -29,15 +29,15 @@ def doc(name: str, topology: Topology) -> Topology:
 
 @pytest.fixture
 def rendered(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The hostnames dcgm.fragments is called for, in order: what was rendered again."""
+    """The hostnames dcgm.entities is called for, in order: what was rendered again."""
     calls: list[str] = []
-    real = dcgm.fragments
+    real = dcgm.entities
 
     def spy(node, options, now):  # type: ignore[no-untyped-def]
         calls.append(options.hostname)
         return real(node, options, now)
 
-    monkeypatch.setattr(dcgm, "fragments", spy)
+    monkeypatch.setattr(dcgm, "entities", spy)
     yield calls
 
 
