@@ -3,8 +3,10 @@
 A scrape only reads an immutable snapshot; the daemon publishes a new one when what it serves
 changes (its topology, a step of the simulated values, an NVML collection), never per scrape.
 
-The server answers those two paths to GET and HEAD and nothing else, in origin-form
-(`GET /metrics`) or absolute-form (`GET http://host:9400/metrics`), and bounds what a client can
+`/metrics/nodes/<node>` and `/health/nodes/<node>` do the same for one node of a snapshot that
+has per-node pages (the many-nodes exporter); a client asking for gzip gets each part as a gzip
+member compressed once (`Gzipped`). The server answers those paths to GET and HEAD and nothing
+else, in origin-form (`GET /metrics`) or absolute-form (`GET http://host:9400/metrics`), and bounds what a client can
 make it hold: connections at once, the size of a request's head and the time to send it, the time
 a whole response may take, and the memory that responses still sending old snapshots keep alive.
 Bodies are never read. With a web config (web/config.py) it speaks TLS, checks client
