@@ -20,7 +20,7 @@ import kubernetes
 from common.files import UnreadableFile, read_text
 from exporter.many import NodesExporter
 from exporter.shards import Shard, ordinal
-from kube.api import REQUEST_TIMEOUT, Backoff, Obj, describe, list_watch
+from kube.api import REQUEST_TIMEOUT, Backoff, Obj, describe, list_watch, watch_named
 from topology import configmap as contract
 from topology.configmap import node_configmap_name, parse_document
 from topology.errors import TopologyError
@@ -130,23 +130,10 @@ def watch_configmap(
         except TopologyError as e:
             exporter.rejected(e)
 
-    # The field selector narrows the watch on a real API server; emulators may ignore it.
-    def on_reset(items: list[Obj]) -> None:
-        apply(next((cm for cm in items if _name(cm) == name), None))
+    def list_call(**kw: Any) -> Any:
+        return core.list_namespaced_config_map(namespace, **kw)
 
-    def on_event(kind: str, cm: Obj) -> None:
-        if _name(cm) == name:
-            apply(None if kind == "DELETED" else cm)
-
-    list_watch(
-        obj,
-        lambda **kw: core.list_namespaced_config_map(namespace, **kw),
-        on_reset,
-        on_event,
-        stop,
-        on_error=exporter.problem,
-        field_selector=f"metadata.name={name}",
-    )
+    watch_named(obj, list_call, name, apply, stop, on_error=exporter.problem)
 
 
 def watch_node_configmaps(
@@ -250,23 +237,11 @@ def watch_own_statefulset(
         else:
             exporter.reshard(Shard(number, replicas))
 
-    def on_reset(items: list[Obj]) -> None:
-        exporter.shard_count_unread(None)
-        apply(next((s for s in items if _name(s) == owner), None))
+    def list_call(**kw: Any) -> Any:
+        return apps.list_namespaced_stateful_set(namespace, **kw)
 
-    def on_event(kind: str, sts: Obj) -> None:
-        if _name(sts) == owner:
-            apply(None if kind == "DELETED" else sts)
-
-    list_watch(
-        what,
-        lambda **kw: apps.list_namespaced_stateful_set(namespace, **kw),
-        on_reset,
-        on_event,
-        stop,
-        on_error=exporter.shard_count_unread,
-        field_selector=f"metadata.name={owner}",
-    )
+    watch_named(what, list_call, owner, apply, stop, on_error=exporter.shard_count_unread,
+                on_list=lambda: exporter.shard_count_unread(None))  # fmt: skip
 
 
 def _statefulset_of(

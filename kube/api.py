@@ -253,3 +253,33 @@ def queued_watch(
         name=what,
         daemon=True,
     )
+
+
+def watch_named(
+    what: str,
+    list_call: Callable[..., Any],
+    name: str,
+    apply: Callable[[Obj | None], None],
+    stop: threading.Event,
+    *,
+    on_error: Callable[[str], None] | None = None,
+    on_list: Callable[[], None] | None = None,
+) -> None:
+    """List then watch one object by name: `apply` gets it, or None while it does not exist;
+    `on_list` runs after each good list. The field selector narrows it on a real API server, an
+    emulator may ignore it: others are left out here."""
+
+    def named(obj: Obj) -> bool:
+        return str((obj.get("metadata") or {}).get("name")) == name
+
+    def on_reset(items: list[Obj]) -> None:
+        if on_list is not None:
+            on_list()
+        apply(next((obj for obj in items if named(obj)), None))
+
+    def on_event(kind: str, obj: Obj) -> None:
+        if named(obj):
+            apply(None if kind == "DELETED" else obj)
+
+    list_watch(what, list_call, on_reset, on_event, stop, on_error=on_error,
+               field_selector=f"metadata.name={name}")  # fmt: skip

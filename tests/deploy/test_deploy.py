@@ -128,51 +128,63 @@ _LABEL_SELECTOR = {
         },
     },
 }
-SERVICEMONITOR_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "ServiceMonitor"},
-        "metadata": {"type": "object"},
-        "spec": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["selector", "endpoints"],
-            "properties": {
-                "jobLabel": {"type": "string"},
-                "selector": _LABEL_SELECTOR,
-                "namespaceSelector": {
+
+
+def _crd_object(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A Prometheus-operator object's schema: its kind, any metadata (checked on its own), and
+    `spec` as given."""
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": api_version},
+            "kind": {"const": kind},
+            "metadata": {"type": "object"},
+            "spec": spec,
+        },
+    }
+
+
+SERVICEMONITOR_SCHEMA: dict[str, Any] = _crd_object(
+    "monitoring.coreos.com/v1",
+    "ServiceMonitor",
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["selector", "endpoints"],
+        "properties": {
+            "jobLabel": {"type": "string"},
+            "selector": _LABEL_SELECTOR,
+            "namespaceSelector": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "any": {"type": "boolean"},
+                    "matchNames": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+            "endpoints": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
                     "type": "object",
                     "additionalProperties": False,
+                    "required": ["port"],
                     "properties": {
-                        "any": {"type": "boolean"},
-                        "matchNames": {"type": "array", "items": {"type": "string"}},
-                    },
-                },
-                "endpoints": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "required": ["port"],
-                        "properties": {
-                            "port": {"type": "string"},
-                            "path": {"type": "string", "pattern": "^/"},
-                            "scheme": {"enum": ["http", "https"]},
-                            "interval": {"type": "string", "pattern": _DURATION},
-                            "scrapeTimeout": {"type": "string", "pattern": _DURATION},
-                            "honorLabels": {"type": "boolean"},
-                            "honorTimestamps": {"type": "boolean"},
-                        },
+                        "port": {"type": "string"},
+                        "path": {"type": "string", "pattern": "^/"},
+                        "scheme": {"enum": ["http", "https"]},
+                        "interval": {"type": "string", "pattern": _DURATION},
+                        "scrapeTimeout": {"type": "string", "pattern": _DURATION},
+                        "honorLabels": {"type": "boolean"},
+                        "honorTimestamps": {"type": "boolean"},
                     },
                 },
             },
         },
     },
-}
+)
 # The same for PrometheusRule (monitoring.coreos.com_prometheusrules.yaml): a rule records or
 # alerts, never both; the PromQL itself is checked by promtool in tests/deploy/test_rules.py.
 _RULE = {
@@ -190,35 +202,29 @@ _RULE = {
     },
     "oneOf": [{"required": ["record"]}, {"required": ["alert"]}],
 }
-PROMETHEUSRULE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "PrometheusRule"},
-        "metadata": {"type": "object"},
-        "spec": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {
-                "groups": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "required": ["name"],
-                        "properties": {
-                            "name": {"type": "string", "minLength": 1},
-                            "interval": {"type": "string", "pattern": _DURATION},
-                            "rules": {"type": "array", "items": _RULE},
-                        },
+PROMETHEUSRULE_SCHEMA: dict[str, Any] = _crd_object(
+    "monitoring.coreos.com/v1",
+    "PrometheusRule",
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "groups": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name"],
+                    "properties": {
+                        "name": {"type": "string", "minLength": 1},
+                        "interval": {"type": "string", "pattern": _DURATION},
+                        "rules": {"type": "array", "items": _RULE},
                     },
                 },
             },
         },
     },
-}
+)
 # ScrapeConfig (monitoring.coreos.com_scrapeconfigs.yaml, v1alpha1): the fields
 # deploy/prometheus/kwok-nodes-scrapeconfig.yaml uses, as the CRD declares them.
 _ROLES = ["Pod", "Endpoints", "Ingress", "Service", "Node", "EndpointSlice"]
@@ -227,64 +233,58 @@ _ACTIONS = [a for name in ("replace", "keep", "drop", "hashmod", "labelmap", "la
             for a in (name, {"hashmod": "HashMod", "labelmap": "LabelMap", "labeldrop": "LabelDrop",
                              "labelkeep": "LabelKeep", "keepequal": "KeepEqual",
                              "dropequal": "DropEqual"}.get(name, name.capitalize()))]  # fmt: skip
-SCRAPECONFIG_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1alpha1"},
-        "kind": {"const": "ScrapeConfig"},
-        "metadata": {"type": "object"},
-        "spec": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {
-                "jobName": {"type": "string", "minLength": 1},
-                "scrapeInterval": {"type": "string", "pattern": _DURATION},
-                "kubernetesSDConfigs": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "required": ["role"],
-                        "properties": {
-                            "role": {"enum": _ROLES},
-                            "selectors": {
-                                "type": "array",
-                                "items": {
-                                    "type": "object",
-                                    "additionalProperties": False,
-                                    "required": ["role"],
-                                    "properties": {
-                                        "role": {"enum": _ROLES},
-                                        "label": {"type": "string", "minLength": 1},
-                                        "field": {"type": "string", "minLength": 1},
-                                    },
+SCRAPECONFIG_SCHEMA: dict[str, Any] = _crd_object(
+    "monitoring.coreos.com/v1alpha1",
+    "ScrapeConfig",
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "jobName": {"type": "string", "minLength": 1},
+            "scrapeInterval": {"type": "string", "pattern": _DURATION},
+            "kubernetesSDConfigs": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["role"],
+                    "properties": {
+                        "role": {"enum": _ROLES},
+                        "selectors": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": ["role"],
+                                "properties": {
+                                    "role": {"enum": _ROLES},
+                                    "label": {"type": "string", "minLength": 1},
+                                    "field": {"type": "string", "minLength": 1},
                                 },
                             },
                         },
                     },
                 },
-                "relabelings": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "properties": {
-                            "action": {"enum": _ACTIONS},
-                            "modulus": {"type": "integer", "minimum": 0},
-                            "regex": {"type": "string"},
-                            "replacement": {"type": "string"},
-                            "separator": {"type": "string"},
-                            "sourceLabels": {"type": "array", "items": {"type": "string"}},
-                            "targetLabel": {"type": "string"},
-                        },
+            },
+            "relabelings": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "action": {"enum": _ACTIONS},
+                        "modulus": {"type": "integer", "minimum": 0},
+                        "regex": {"type": "string"},
+                        "replacement": {"type": "string"},
+                        "separator": {"type": "string"},
+                        "sourceLabels": {"type": "array", "items": {"type": "string"}},
+                        "targetLabel": {"type": "string"},
                     },
                 },
             },
         },
     },
-}
+)
 CRD_SCHEMAS = {
     ("monitoring.coreos.com/v1alpha1", "ScrapeConfig"): SCRAPECONFIG_SCHEMA,
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICEMONITOR_SCHEMA,
