@@ -371,8 +371,8 @@ def test_the_cli_serves_the_fake_gpus_and_stops_on_sigterm(tmp_path: Path) -> No
         assert proc.stderr is not None
         line = proc.stderr.readline()
         port = int(re.search(r":(\d+)/metrics", line)[1])  # type: ignore[index]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health") as r:
-            assert r.status == 200
+        # Listening comes first, the first collection right after: healthy once it is in.
+        eventually(lambda: get(f"http://127.0.0.1:{port}/health")[0] == 200, timeout=10)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
             series = parse(r.read().decode().split("# HELP mig_")[0])
         assert {s.label("Hostname") for s in series} == {"gpu-host"}
