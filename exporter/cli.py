@@ -327,7 +327,12 @@ def serve(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None =
         interval_s = args.collect_interval / 1000
         exporter = NvmlExporter(nv, options, published, interval_s, args.node_name)
     elif args.all_nodes:
-        exporter = NodesExporter(options, published, node_selector=args.node_selector, shard=shard)
+        autoshard = (
+            f"StatefulSet of pod {args.pod_namespace}/{args.pod}" if args.autoshard else None
+        )
+        exporter = NodesExporter(
+            options, published, node_selector=args.node_selector, shard=shard, autoshard=autoshard
+        )
     else:
         exporter = Exporter(args.node_name, options, published)
 

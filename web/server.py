@@ -315,31 +315,42 @@ def accepts_gzip(header: str | None) -> bool:
 
 
 class Gzipped:
-    """Each part compressed once, as a gzip member of its own: concatenated members are one
-    valid gzip stream (RFC 1952; Go's reader, which Prometheus uses, reads them as one), so a
-    body is compressed once per change of its parts, never per scrape."""
+    """Bodies compressed once per change, never per scrape. A node's page is one gzip member,
+    made once per page (the same tuple while its node is unchanged); `/metrics` is a member per
+    part (a node's family, a family's header), as its parts are shared with the pages and change
+    one node at a time. Concatenated members are one valid gzip stream (RFC 1952; Go's reader,
+    which Prometheus uses, reads them as one).
+
+    HTTP threads add members while the publisher's thread drops stale ones (`keep`): it copies
+    the table in one step and replaces it whole, so neither sees the other's half-done change;
+    a member added to the old table meanwhile is only made again."""
 
     def __init__(self) -> None:
-        self._members: dict[int, tuple[bytes, bytes]] = {}  # id(part) -> (part, member)
+        # id(body) -> (body, member): the body is held, so its id is not reused while listed.
+        self._members: dict[int, tuple[object, bytes]] = {}
+
+    def _member(self, body: object, data: Callable[[], bytes]) -> bytes:
+        members = self._members
+        hit = members.get(id(body))
+        if hit is None or hit[0] is not body:
+            hit = (body, gzip.compress(data(), GZIP_LEVEL, mtime=0))
+            members[id(body)] = hit
+        return hit[1]
 
     def of(self, parts: Iterable[bytes]) -> tuple[bytes, ...]:
-        out = []
-        for part in parts:
-            if not part:
-                continue
-            hit = self._members.get(id(part))
-            if hit is None or hit[0] is not part:  # (an id is reused once its part is freed)
-                hit = (part, gzip.compress(part, GZIP_LEVEL, mtime=0))
-                self._members[id(part)] = hit
-            out.append(hit[1])
-        return tuple(out)
+        """`/metrics`: a member per part."""
+        return tuple(self._member(p, lambda p=p: p) for p in parts if p)  # type: ignore[misc]
+
+    def page(self, page: tuple[bytes, ...]) -> tuple[bytes, ...]:
+        """A node's page: one member for all of it (it compresses several times better)."""
+        return (self._member(page, lambda: b"".join(page)),) if page else ()
 
     def keep(self, snapshot: Snapshot) -> None:
-        """After a publish: forget the members of parts the new snapshot no longer has."""
+        """After a publish: forget the members of bodies the new snapshot no longer has."""
         live = {id(p) for p in snapshot.parts}
-        for page in snapshot.pages.values():
-            live.update(map(id, page))
-        self._members = {k: v for k, v in self._members.items() if k in live}
+        live.update(map(id, snapshot.pages.values()))
+        entries = list(self._members.items())  # one step: HTTP threads may be adding
+        self._members = {k: v for k, v in entries if k in live}
 
 
 def _held(current: Snapshot, snapshots: Sequence[Snapshot]) -> int:
@@ -470,12 +481,12 @@ def _handler(
                 self._send(status, f"{text}\n".encode(), "text/plain; charset=utf-8", body)
             elif path.startswith(HEALTH_PAGES):
                 node = unquote(path.removeprefix(HEALTH_PAGES))
-                if not snap.ready:
-                    self._send(503, f"{snap.reason}\n".encode(), "text/plain; charset=utf-8", body)
-                elif node in snap.pages:
-                    self._send(200, b"ok\n", "text/plain; charset=utf-8", body)
-                else:
+                if snap.ready and node not in snap.pages:
                     self._not_served(node, body)
+                else:  # a node's series are as good as the whole's: stale when it is
+                    status = 200 if snap.healthy and snap.ready else 503
+                    text = "ok" if status == 200 else snap.reason
+                    self._send(status, f"{text}\n".encode(), "text/plain; charset=utf-8", body)
             else:
                 self._send(
                     404, b"not found: try /metrics or /health\n", "text/plain; charset=utf-8", body
@@ -496,7 +507,8 @@ def _handler(
                 parts = page
             encoding = None
             if accepts_gzip(self.headers.get("Accept-Encoding")):
-                parts, encoding = gzipped.of(parts), "gzip"
+                whole = path == "/metrics"
+                parts, encoding = (gzipped.of(parts) if whole else gzipped.page(parts)), "gzip"
             self._send_parts(parts if body else (), sum(map(len, parts)), encoding)
 
         def _not_served(self, node: str, body: bool) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ from tests.support.kubeapi import KubeAPI, eventually
 from tests.support.promtext import parse
 from tests.support.rbac import allowed, request_of
 from topology.model import NodeTopology
-from web.server import Gzipped, MetricsServer, Published, accepts_gzip
+from web.server import Gzipped, MetricsServer, Published, Snapshot, accepts_gzip
 
 NAMES = [f"kwok-node-{i}" for i in range(24)]
 STS = "nvidia-dcgm-exporter-all-nodes"
@@ -152,6 +153,8 @@ def test_a_node_s_page_and_health_over_http_with_and_without_gzip() -> None:
         assert gzip.decompress(whole) == b"".join((*many.published.snapshot.parts,
                                                    many.published.snapshot.own))  # fmt: skip
         assert fetch(port, f"/health/nodes/{mine}")[:3:2] == (200, b"ok\n")
+        status, headers, one = fetch(port, f"/metrics/nodes/{mine}", **{"Accept-Encoding": "gzip"})
+        assert gzip.decompress(one) == page and len(one) < len(page) / 5  # one member, not many
         for path in (f"/metrics/nodes/{other}", f"/health/nodes/{other}", "/metrics/nodes/x%0A"):
             status, _, body = fetch(port, path)
             assert status == 404 and body.endswith(b"is not served here\n"), (path, body)
@@ -271,3 +274,63 @@ def test_a_step_keeps_the_labels_and_still_families_and_is_a_whole_render(
         still = [c.field.name for c in options.counters.metrics if not c.field.moves]
         assert all(stepped.parts.get(f) is rendered.parts.get(f) for f in still)  # kept
         rendered = stepped
+
+
+def test_a_page_is_one_member_made_once_and_publishing_never_races_the_scrapes() -> None:
+    snap = serving().snapshot()
+    cache = Gzipped()
+    page = snap.pages[NAMES[0]]
+    (member,) = cache.page(page)
+    assert gzip.decompress(member) == b"".join(page) and cache.page(page) == (member,)
+    assert cache.page(page)[0] is member
+    # Scrapes add members while each publish drops the stale ones: neither breaks the other.
+    # (A big table, so that dropping takes long enough for the scrapes to add meanwhile.)
+    live = Snapshot(parts=tuple(f"{i}\n".encode() for i in range(100_000)))
+    cache.of(live.parts)
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def scrape() -> None:
+        while not done.is_set():
+            try:
+                cache.of([os.urandom(1 << 16) for _ in range(4)])
+            except BaseException as e:  # what a race would raise in an HTTP thread
+                failures.append(e)
+                return
+
+    threads = [threading.Thread(target=scrape) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(15):
+            cache.keep(live)
+    except RuntimeError as e:  # the publisher's side of the same race
+        failures.append(e)
+    finally:
+        done.set()
+        for t in threads:
+            t.join(5)
+    assert failures == []
+
+
+def test_autosharding_is_what_serve_builds_from_pod_and_namespace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built: list[dict[str, Any]] = []
+
+    class Built(Exception):
+        pass
+
+    def record(*args: Any, **kwargs: Any) -> NodesExporter:
+        built.append(kwargs)
+        raise Built
+
+    monkeypatch.setattr(cli, "NodesExporter", record)
+    monkeypatch.setenv("POD_NAME", f"{STS}-2")
+    monkeypatch.setenv("POD_NAMESPACE", "gpu-operator")
+    assert cli.main(["--all-nodes", "--port", "0"]) == 1  # stopped where it was built
+    assert built[0]["autoshard"] == f"StatefulSet of pod gpu-operator/{STS}-2"
+    assert built[0]["shard"] is None
+    monkeypatch.delenv("POD_NAMESPACE")
+    assert cli.main(["--all-nodes", "--port", "0"]) == 1
+    assert built[1]["autoshard"] is None  # a pod name alone shards nothing
