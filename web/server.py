@@ -321,20 +321,20 @@ class Gzipped:
     one node at a time. Concatenated members are one valid gzip stream (RFC 1952; Go's reader,
     which Prometheus uses, reads them as one).
 
-    HTTP threads add members while the publisher's thread drops stale ones (`keep`): it copies
-    the table in one step and replaces it whole, so neither sees the other's half-done change;
-    a member added to the old table meanwhile is only made again."""
+    HTTP threads add members while the publisher's thread drops stale ones (`keep`): the table
+    changes under a lock, compressing happens outside it."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         # id(body) -> (body, member): the body is held, so its id is not reused while listed.
         self._members: dict[int, tuple[object, bytes]] = {}
 
     def _member(self, body: object, data: Callable[[], bytes]) -> bytes:
-        members = self._members
-        hit = members.get(id(body))
+        hit = self._members.get(id(body))
         if hit is None or hit[0] is not body:
             hit = (body, gzip.compress(data(), GZIP_LEVEL, mtime=0))
-            members[id(body)] = hit
+            with self._lock:
+                self._members[id(body)] = hit
         return hit[1]
 
     def of(self, parts: Iterable[bytes]) -> tuple[bytes, ...]:
@@ -349,8 +349,8 @@ class Gzipped:
         """After a publish: forget the members of bodies the new snapshot no longer has."""
         live = {id(p) for p in snapshot.parts}
         live.update(map(id, snapshot.pages.values()))
-        entries = list(self._members.items())  # one step: HTTP threads may be adding
-        self._members = {k: v for k, v in entries if k in live}
+        with self._lock:
+            self._members = {k: v for k, v in self._members.items() if k in live}
 
 
 def _held(current: Snapshot, snapshots: Sequence[Snapshot]) -> int:

@@ -284,32 +284,34 @@ def test_a_page_is_one_member_made_once_and_publishing_never_races_the_scrapes()
     assert gzip.decompress(member) == b"".join(page) and cache.page(page) == (member,)
     assert cache.page(page)[0] is member
     # Scrapes add members while each publish drops the stale ones: neither breaks the other.
-    # (A big table, so that dropping takes long enough for the scrapes to add meanwhile.)
+    # (A big table, so that dropping takes long enough for a scrape to add meanwhile; parts big
+    # enough that compressing lets the other thread run.)
     live = Snapshot(parts=tuple(f"{i}\n".encode() for i in range(100_000)))
     cache.of(live.parts)
     failures: list[BaseException] = []
     done = threading.Event()
+    blob = os.urandom(1 << 15)
 
     def scrape() -> None:
-        while not done.is_set():
+        for i in range(12):
+            if done.is_set():
+                return
             try:
-                cache.of([os.urandom(1 << 16) for _ in range(4)])
+                cache.of([blob + i.to_bytes(4) + bytes(k) for k in range(4)])
             except BaseException as e:  # what a race would raise in an HTTP thread
                 failures.append(e)
                 return
 
-    threads = [threading.Thread(target=scrape) for _ in range(3)]
-    for t in threads:
-        t.start()
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
     try:
-        for _ in range(15):
+        while scraper.is_alive():
             cache.keep(live)
     except RuntimeError as e:  # the publisher's side of the same race
         failures.append(e)
     finally:
         done.set()
-        for t in threads:
-            t.join(5)
+        scraper.join(5)
     assert failures == []
 
 
