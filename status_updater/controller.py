@@ -17,6 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, Protocol
 
 import kubernetes
@@ -75,7 +76,10 @@ class Controller:
     ) -> None:
         self.core, self.writer, self.is_leader, self.resync_s = core, writer, is_leader, resync_s
         self.sources = SOURCES if dra is None else DRA_SOURCES
-        self._slim_node = node_slimmer(dra)
+        # What each informer keeps of its objects, as it lists and watches them.
+        self._slims: dict[str, Callable[[Obj], Any]] = {
+            "nodes": node_slimmer(dra), "pods": slim_pod, "claims": read_claim}  # fmt: skip
+        self._ever_listed: set[str] = set()  # informers that listed once (informer threads)
         self.layouts_ref = mig_parted_config  # namespace/name of the GPU operator's ConfigMap
         self._layouts_seen: str | None = None  # what was last said about it
         self.state = ClusterState()
@@ -93,6 +97,7 @@ class Controller:
     # --- informer callbacks (informer threads) ------------------------------------------------
 
     def _reset(self, what: str, items: list[Obj]) -> None:
+        self._ever_listed.add(what)
         self.events.put((what, "RESET", items))  # slimmed page by page as they were listed
         self.dirty.set()
 
@@ -107,50 +112,21 @@ class Controller:
         return self.synced == self.sources and not self.failing
 
     def _event(self, what: str, kind: str, obj: Obj) -> None:
-        slim = self._slim_node if what == "nodes" else slim_pod
-        self.events.put((what, kind, slim(obj)))
+        self.events.put((what, kind, self._slims[what](obj)))
         self.dirty.set()
 
-    def _claims_informer(self, stop: threading.Event) -> threading.Thread:
-        """Watches the ResourceClaims of every namespace, each kept as `claims.read_claim` reads
-        it. Until they are first listed, an API that does not serve them (404: a cluster before
-        DRA) or lets the updater not read them (403) has none to wait for: the ConfigMaps are
-        written without claims, said once. Once listed, a failing watch pauses the writes as
-        the pods' does (a cache missing claims would take their devices away)."""
-        api = kubernetes.client.ResourceV1Api(self.core.api_client)
-        listed = False
-
-        def on_reset(items: list[Any]) -> None:
-            nonlocal listed
-            listed = True
-            self.events.put(("claims", "RESET", items))
+    def _claims_error(self, message: str) -> None:
+        """The ResourceClaims' informer failed. Until they are first listed, an API that does not
+        serve them (404: a cluster before DRA) or lets the updater not read them (403) has none
+        to wait for: the ConfigMaps are written without claims, said once. Once listed, a failing
+        watch pauses the writes as the pods' does (a cache missing claims would take their
+        devices away)."""
+        if "claims" in self._ever_listed or not ("HTTP 404" in message or "HTTP 403" in message):
+            self._informer_error("claims", message)
+        elif "claims" not in self.synced:
+            log.warning("%s: no DRA claims are followed until they can be read", message)
+            self.events.put(("claims", "RESET", []))
             self.dirty.set()
-
-        def on_event(kind: str, obj: Obj) -> None:
-            self.events.put(("claims", kind, read_claim(obj)))
-            self.dirty.set()
-
-        def on_error(message: str) -> None:
-            if listed or not ("HTTP 404" in message or "HTTP 403" in message):
-                self._informer_error("claims", message)
-            elif "claims" not in self.synced:
-                log.warning("%s: no DRA claims are followed until they can be read", message)
-                self.events.put(("claims", "RESET", []))
-                self.dirty.set()
-
-        return threading.Thread(
-            target=list_watch,
-            name="claims",
-            daemon=True,
-            args=(
-                "resourceclaims",
-                api.list_resource_claim_for_all_namespaces,
-                on_reset,
-                on_event,
-                stop,
-            ),
-            kwargs={"transform": read_claim, "on_error": on_error},
-        )
 
     def _layouts_informer(self, stop: threading.Event) -> threading.Thread:
         """Watches the one mig-parted ConfigMap: its `config.yaml`, or None while it is absent."""
@@ -193,10 +169,15 @@ class Controller:
         )
 
     def informers(self, stop: threading.Event) -> list[threading.Thread]:
-        sources = (
-            ("nodes", self.core.list_node, self._slim_node),
-            ("pods", self.core.list_pod_for_all_namespaces, slim_pod),
-        )
+        sources: list[tuple[str, Callable[..., Any], Callable[[str], None]]] = [
+            ("nodes", self.core.list_node, partial(self._informer_error, "nodes")),
+            ("pods", self.core.list_pod_for_all_namespaces, partial(self._informer_error, "pods")),
+        ]
+        if "claims" in self.sources:  # every namespace's ResourceClaims
+            api = kubernetes.client.ResourceV1Api(self.core.api_client)
+            sources.append(
+                ("claims", api.list_resource_claim_for_all_namespaces, self._claims_error)
+            )
         threads = [
             threading.Thread(
                 target=list_watch,
@@ -205,20 +186,15 @@ class Controller:
                 args=(
                     what,
                     list_call,
-                    lambda items, w=what: self._reset(w, items),
-                    lambda kind, o, w=what: self._event(w, kind, o),
+                    partial(self._reset, what),
+                    partial(self._event, what),
                     stop,
                 ),
-                kwargs={
-                    "transform": slim,
-                    "on_error": lambda message, w=what: self._informer_error(w, message),
-                },
+                kwargs={"transform": self._slims[what], "on_error": on_error},
             )
-            for what, list_call, slim in sources
+            for what, list_call, on_error in sources
         ]
         threads.append(self._layouts_informer(stop))
-        if "claims" in self.sources:
-            threads.append(self._claims_informer(stop))
         return threads + self.writer.informers(stop, self.dirty.set)
 
     # --- the writer thread ----------------------------------------------------------------------
