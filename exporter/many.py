@@ -65,9 +65,8 @@ class ServedNodes(RenderLoop):
         self._nodes: dict[str, NodeTopology] = {}  # last good entry of every node seen
         self._selected = selected
         self._dirty: set[str] = set()  # nodes to render again
-        self._parts: dict[str, dict[str, bytes]] = {}  # node -> its fragments, as served
-        # node -> the entry it was last rendered from, and that rendering: a step of the same
-        # entry keeps its label text and its still families (dcgm.Rendered.step).
+        # node -> the entry it was last rendered from, and that rendering (its fragments, as
+        # served): a step of the same entry keeps its label text and still families.
         self._rendered: dict[str, tuple[NodeTopology, dcgm.Rendered]] = {}
         self._pages: dict[str, tuple[bytes, ...]] = {}  # node -> its own page, joined
         self._moving: set[str] = set()  # nodes whose values move in time
@@ -103,7 +102,8 @@ class ServedNodes(RenderLoop):
         for name, node in todo.items():
             self._render(name, node, now)
         body = dcgm.join_parts(
-            (self._parts[name] for name in sorted(self._parts)), self.options.counters
+            (self._rendered[name][1].parts for name in sorted(self._rendered)),
+            self.options.counters,
         )
         own = self.invalid.exposition() + (self.shard.exposition() if self.shard else b"")
         return Snapshot(body, healthy, reason, own, ready, dict(self._pages))
@@ -120,7 +120,6 @@ class ServedNodes(RenderLoop):
         options = self._options_for(name)
         gone = self._gpus.pop(name, set())
         if node is None:
-            self._parts.pop(name, None)
             self._rendered.pop(name, None)
             self._pages.pop(name, None)
             self._moving.discard(name)
@@ -135,8 +134,7 @@ class ServedNodes(RenderLoop):
         else:
             rendered = dcgm.Rendered.of(subjects, options.counters)
         self._rendered[name] = (node, rendered)
-        self._parts[name] = rendered.parts
-        self._pages[name] = dcgm.join_parts([self._parts[name]], self.options.counters)
+        self._pages[name] = dcgm.join_parts([rendered.parts], self.options.counters)
         moving = dcgm.moves_in_time(node, self.options.counters)
         (self._moving.add if moving else self._moving.discard)(name)
 
@@ -251,7 +249,7 @@ class NodesExporter(ServedNodes):
             if shard == self.shard and reason == self._sharding:
                 return
             self.shard, self._sharding = shard, reason
-            self._dirty |= set(self._nodes) | set(self._parts)
+            self._dirty |= set(self._nodes) | set(self._rendered)
             if reason is None:
                 self.health.clear(SHARDS)
                 if shard is not None:
@@ -297,4 +295,4 @@ class NodesExporter(ServedNodes):
     def _ready(self) -> bool:
         # A source was read: its nodes (maybe none) are true; with a node selector, the Nodes
         # were listed too: before, nothing is selected, and an empty body would be a lie.
-        return not self.health.has(_START) and self._listed and not self.health.has(SHARDS)
+        return not self.health.has(_START) and self._listed and self._sharding is None

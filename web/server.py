@@ -4,10 +4,10 @@ A scrape only reads an immutable snapshot; the daemon publishes a new one when w
 changes (its topology, a step of the simulated values, an NVML collection), never per scrape.
 
 `/metrics/nodes/<node>` and `/health/nodes/<node>` do the same for one node of a snapshot that
-has per-node pages (the many-nodes exporter); a client asking for gzip gets each part as a gzip
-member compressed once (`Gzipped`). The server answers those paths to GET and HEAD and nothing
-else, in origin-form (`GET /metrics`) or absolute-form (`GET http://host:9400/metrics`), and bounds what a client can
-make it hold: connections at once, the size of a request's head and the time to send it, the time
+has per-node pages (the many-nodes exporter); a client asking for gzip gets bodies compressed
+once per change (`Gzipped`). The server answers those paths to GET and HEAD and nothing else, in
+origin-form (`GET /metrics`) or absolute-form (`GET http://host:9400/metrics`), and bounds what
+a client can make it hold: connections at once, the size of a request's head and the time to send it, the time
 a whole response may take, and the memory that responses still sending old snapshots keep alive.
 Bodies are never read. With a web config (web/config.py) it speaks TLS, checks client
 certificates or basic auth, and adds the configured headers.
@@ -329,21 +329,22 @@ class Gzipped:
         # id(body) -> (body, member): the body is held, so its id is not reused while listed.
         self._members: dict[int, tuple[object, bytes]] = {}
 
-    def _member(self, body: object, data: Callable[[], bytes]) -> bytes:
+    def _member(self, body: bytes | tuple[bytes, ...]) -> bytes:
         hit = self._members.get(id(body))
         if hit is None or hit[0] is not body:
-            hit = (body, gzip.compress(data(), GZIP_LEVEL, mtime=0))
+            data = body if isinstance(body, bytes) else b"".join(body)
+            hit = (body, gzip.compress(data, GZIP_LEVEL, mtime=0))
             with self._lock:
                 self._members[id(body)] = hit
         return hit[1]
 
     def of(self, parts: Iterable[bytes]) -> tuple[bytes, ...]:
         """`/metrics`: a member per part."""
-        return tuple(self._member(p, lambda p=p: p) for p in parts if p)  # type: ignore[misc]
+        return tuple(self._member(p) for p in parts if p)
 
     def page(self, page: tuple[bytes, ...]) -> tuple[bytes, ...]:
         """A node's page: one member for all of it (it compresses several times better)."""
-        return (self._member(page, lambda: b"".join(page)),) if page else ()
+        return (self._member(page),) if page else ()
 
     def keep(self, snapshot: Snapshot) -> None:
         """After a publish: forget the members of bodies the new snapshot no longer has."""
