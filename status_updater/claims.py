@@ -79,7 +79,9 @@ def holds(pod: Obj, claims: Mapping[ClaimKey, Claim]) -> list[dict[str, str]]:
     claims reserved for the pod (a claim not reserved for it is not the pod's yet)."""
     namespace, pod_name = names(pod)
     uid = pod_uid(pod)
-    out: list[dict[str, str]] = []
+    # One entry per container, claim and device: a container naming a claim twice (by its entry
+    # and as its extended resources'), or a claim listing a device twice, holds it once.
+    out: dict[tuple[str, ...], dict[str, str]] = {}
     for ref in pod.get(DRA_REFS) or ():
         claim = claims.get((namespace, ref["claim"]))
         if claim is None or not (uid in claim.reserved_for or f"name:{pod_name}" in
@@ -90,7 +92,7 @@ def holds(pod: Obj, claims: Mapping[ClaimKey, Claim]) -> list[dict[str, str]]:
             # A request's subrequests answer as `<request>/<subrequest>`.
             if request and a.request != request and not a.request.startswith(f"{request}/"):
                 continue
-            out.append({"container": ref["container"], "claim": claim.name,
-                        "claim-namespace": claim.namespace, "device": a.device,
-                        "pool": a.pool})  # fmt: skip
-    return out
+            entry = {"container": ref["container"], "claim": claim.name,
+                     "claim-namespace": claim.namespace, "device": a.device, "pool": a.pool}  # fmt: skip
+            out[tuple(entry.values())] = entry
+    return list(out.values())

@@ -25,6 +25,7 @@ from common.yamlload import load_document, load_json
 from status_updater.objects import node_name, slim_node, slim_pod
 from status_updater.reconcile import reconcile_node
 from status_updater.slicewriter import observe
+from status_updater.state import ClusterState
 from tests.pipeline.test_hostile import NODES, PODS
 from tests.support.base import SAMPLES, examples, run_cli
 from topology import migparted, runai
@@ -181,6 +182,36 @@ def test_a_watched_resource_slice_of_any_shape(doc: Any) -> None:
         name, observed = observe(doc)
         assert isinstance(name, str)
         assert observed is None or isinstance(observed.generation, int)
+
+
+DRA_NODES = [load_document(t) for t in (SAMPLES / "dra" / "nodes.yaml").read_text().split("---")]
+DRA_POD = {**next(load_document(t) for t in (SAMPLES / "dra" / "pods.yaml").read_text().split("---")
+                  if "dynamic-infer" in t),
+           "status": {"phase": "Running", "extendedResourceClaimStatus": {
+               "resourceClaimName": "half-h100", "requestMappings": [
+                   {"containerName": "ctr0", "resourceName": "nvidia.com/gpu",
+                    "requestName": "mig"}]}}}  # fmt: skip
+DRA_CLAIM = next(load_document(t) for t in (SAMPLES / "dra" / "claims.yaml").read_text().split("---")
+                 if "name: half-h100" in t)  # fmt: skip
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(mutated(DRA_POD), mutated(DRA_CLAIM))
+def test_a_dra_pod_and_its_claim_of_any_shape(pod: Any, claim: Any) -> None:
+    """A pod naming DRA claims (by entry, template or extended resource) and its claim, changed
+    anywhere: joined and placed as results or TopologyErrors, never 'cannot be read'."""
+    if not isinstance(pod, dict) or not isinstance(claim, dict):
+        return
+    try:
+        state = ClusterState.of(DRA_NODES, [pod], claims=[claim])
+    except TopologyError:
+        return
+    assert not [w for w in state.all_warnings() if "cannot be read" in w.message]
+    for result in state.results.values():  # each holder once: its series are served once each
+        for gpu in getattr(result, "gpus", ()):
+            for status in [gpu.status, *(d.status for d in gpu.mig_devices or ())]:
+                held = status.dra_claims if status else ()
+                assert len(set(held)) == len(held), held
 
 
 # --- the named cases of each class ---------------------------------------------------------------
