@@ -84,7 +84,8 @@ def gpu_subjects(
 
 def dra_holders(status: DeviceStatus | None, mig: tuple[str, str] | None) -> list[Labels]:
     """One label set per pod container a DRA claim gives the device, in dcgm-exporter's order
-    (its attributes sorted by name); `mig` is a MIG device's (uuid, profile)."""
+    (its attributes sorted by name); `mig` is a MIG device's (uuid, profile). A holder a
+    document lists twice is one series, never two samples that would fail the scrape."""
     out: list[Labels] = []
     for c in status.dra_claims if status else ():
         a = c.holder
@@ -95,7 +96,7 @@ def dra_holders(status: DeviceStatus | None, mig: tuple[str, str] | None) -> lis
             labels += [("dra_mig_device_uuid", mig[0]), ("dra_mig_profile", mig[1])]
         labels += [("dra_pool_name", c.pool), ("namespace", a.namespace), ("pod", a.pod)]
         out.append(tuple(labels))
-    return out
+    return list(dict.fromkeys(out))
 
 
 def holder(status: DeviceStatus | None) -> Labels:

@@ -192,3 +192,24 @@ def test_the_samples_slices_and_series_name_one_driver_version(tmp_path: Path) -
     topology, _ = render(tmp_path, claims())
     served = {s.label("DCGM_FI_DRIVER_VERSION") for s in serve(topology)}
     assert len(served) == 1 and versions == {".".join(str(int(p)) for p in served.pop().split("."))}
+
+
+def test_a_holder_listed_twice_in_a_topology_is_served_once(tmp_path: Path) -> None:
+    """A topology document is anyone's to write: a device's `dra-claims` naming one holder twice
+    gives that holder's series once, never two samples Prometheus would reject."""
+    topology, _ = render(tmp_path, claims())
+    text = topology.read_text()
+    entry = "- claim: half-h100\n"
+    assert text.count(entry) == 1
+    doubled = tmp_path / "doubled.yaml"
+    lines = text.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith(entry.strip()))
+    indent = len(lines[at]) - len(lines[at].lstrip())
+    block = [lines[at]]
+    for line in lines[at + 1 :]:
+        if len(line) - len(line.lstrip()) <= indent or line.lstrip().startswith("- "):
+            break
+        block.append(line)
+    doubled.write_text("".join(lines[:at] + block + block + lines[at + len(block) :]))
+    served = held(serve(doubled))  # serve() fails on any duplicate sample
+    assert ("dynamic-infer", "gpu-0-mig-3g40gb-9-4") in served
