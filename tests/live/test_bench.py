@@ -52,3 +52,46 @@ def test_the_focused_event_benchmark_runs() -> None:
     assert done.returncode == 0, done.stderr
     labels = [line.split(":")[0] for line in done.stdout.splitlines()]
     assert labels == ["paced 200/s", "paced 200/s again", "unpaced"], done.stdout
+
+
+MANY = (
+    "cluster: ",
+    "baseline HEAD start-up, exec to serving every node: ",
+    "baseline HEAD RSS: ",
+    "baseline HEAD CPU per 10-s step, nobody scraping: ",
+    "baseline HEAD whole /metrics, one scrape: ",
+    "ours start-up, exec to serving every node: ",
+    "ours RSS: ",
+    "ours CPU per 10-s step, nobody scraping: ",
+    "ours whole /metrics, one scrape: ",
+    "ours node page, 10 fetched in turn: p50 ",
+    "ours node page gzip, first scrape since its change: ",
+    "ours node page identity, first scrape since its change: ",
+    "2 shards start-up, all at once: ",
+    "2 shards RSS: ",
+    "2 shards CPU per 10-s step: ",
+    "prometheus scrape_duration_seconds: p50 ",
+    "prometheus RSS at most: ",
+)
+
+
+def test_the_many_nodes_benchmark_prints_every_figure() -> None:
+    """At a tiny size, its baseline being this tree (the clone may have no older commit)."""
+    args = ["--nodes", "12", "--gpus", "2", "--runs", "1", "--hold", "3", "--pages", "10"]
+    args += ["--shards", "2", "--baseline", "HEAD", "--prometheus-targets", "6"]
+    args += ["--prometheus-seconds", "6", "--scrape-interval", "2s"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.many", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for figure in MANY:
+        assert any(line.startswith(figure) for line in lines), (figure, done.stdout)
+    # Not timings: what the shards and Prometheus saw.
+    assert "2 shards serve every node exactly once: yes" in lines, done.stdout
+    assert any(line.startswith("prometheus 6 node targets every 2s") and "6 of 6 up" in line
+               and ", 0 missed or failed" in line for line in lines), done.stdout  # fmt: skip
