@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from common import blockyaml
 from common.text import one_line
 
 # libyaml when PyYAML was built with it: the pure-Python loader is several times slower.
@@ -98,6 +99,9 @@ def load_document(text: str) -> Any:
     yaml.YAMLError when it nests too deep (TooDeepError), its aliases expand it far beyond
     what its text could hold without them (TooBigError), or a value cannot be built
     (UnreadableValueError: an integer of more digits than Python converts)."""
+    fast = blockyaml.load(text)  # what the updater writes, without PyYAML's Python half
+    if fast is not None:
+        return fast
     docs = load_documents(text)
     return docs[0] if docs else None
 
