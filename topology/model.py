@@ -23,20 +23,20 @@ MIG_STRATEGIES = ("none", "single", "mixed")
 MAX_INTEGER = 10**9
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AllocatedBy:
     namespace: str
     pod: str
     container: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Utilization:
     min: int
     max: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodUsage:
     """Simulated usage of one pod on a device (see status_updater/usage.py)."""
 
@@ -45,7 +45,7 @@ class PodUsage:
     is_inference_pod: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Replica:
     """One replica of a shared device (time-slicing or MPS) and the pod container holding it."""
 
@@ -54,7 +54,7 @@ class Replica:
     pod_uid: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DraClaim:
     """A DRA ResourceClaim allocated this device (driver `gpu.nvidia.com`), and one pod container
     using it (the claim is reserved for the pod, and the container names it in
@@ -67,7 +67,7 @@ class DraClaim:
     pool: str  # the driver's pool: the node's name
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeviceStatus:
     # On a shared device: the one pod dcgm-exporter's default mode names, the pod that has
     # shared it longest (see `replicas` for every holder).
@@ -80,7 +80,7 @@ class DeviceStatus:
 SHARING_STRATEGIES = ("time-slicing", "mps")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sharing:
     """The device plugin's GPU sharing on a node: each GPU (or static MIG instance) is
     advertised as `replicas` devices."""
@@ -89,7 +89,7 @@ class Sharing:
     replicas: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MigDevice:
     name: str  # profile, e.g. 1g.5gb
     position: int  # start memory slice
@@ -98,14 +98,14 @@ class MigDevice:
     status: DeviceStatus | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Gpu:
     id: str  # GPU-<uuid>
     status: DeviceStatus | None = None
     mig_devices: tuple[MigDevice, ...] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeTopology:
     gpu_count: int
     gpu_memory: int  # MiB
@@ -115,7 +115,7 @@ class NodeTopology:
     sharing: Sharing | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Topology:
     mig_strategy: str = "none"
     nodes: Mapping[str, NodeTopology] = field(default_factory=dict)
