@@ -54,15 +54,26 @@ def read_topology_file(path: Path) -> Topology:
     return parse_document(text, obj)
 
 
-def follow_file(path: Path, exporter: Sink, stop: threading.Event, interval: float = 1.0) -> None:
-    """Reload when the file changes: a ConfigMap mounted as a volume is updated in place."""
-    seen: tuple[float, int] | None = None
+def _stamp(path: Path) -> tuple[float, int] | None:
+    """What says the file changed: its modification time and size (None: it is not there)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime, st.st_size
+
+
+_UNSEEN = (-1.0, -1)  # no file has this stamp: the first look reads it
+
+
+def follow_file(
+    path: Path, exporter: Sink, stop: threading.Event, interval: float = 1.0,
+    seen: tuple[float, int] | None = _UNSEEN,
+) -> None:  # fmt: skip
+    """Reload when the file changes: a ConfigMap mounted as a volume is updated in place.
+    `seen`: the stamp of the file as last read."""
     while not stop.is_set():
-        try:
-            st = path.stat()
-            current: tuple[float, int] | None = (st.st_mtime, st.st_size)
-        except OSError:
-            current = None
+        current = _stamp(path)
         if current != seen:
             seen = current
             try:
@@ -74,9 +85,13 @@ def follow_file(path: Path, exporter: Sink, stop: threading.Event, interval: flo
 
 def file_source(path: Path, exporter: Sink, stop: threading.Event) -> threading.Thread:
     """The thread that follows `path`, after a first read: TopologyError if that fails, as the
-    file is then unusable input; later failures keep the last good state."""
+    file is then unusable input; later failures keep the last good state. The thread starts
+    from the stamp taken before that read: it reads the file again only if it changed since
+    (5,000 nodes' file takes seconds to read)."""
+    seen = _stamp(path)
     exporter.update(read_topology_file(path), f"topology file {path}")
-    return threading.Thread(target=follow_file, args=(path, exporter, stop), daemon=True)
+    return threading.Thread(target=follow_file, args=(path, exporter, stop, 1.0, seen),
+                            daemon=True)  # fmt: skip
 
 
 # --- the API server ------------------------------------------------------------------------------

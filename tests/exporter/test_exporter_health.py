@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter import dcgm
+from exporter import dcgm, sources
 from exporter.many import NodesExporter
 from exporter.sources import watch_node_configmaps, watch_selected_nodes
 from kube import api
@@ -194,3 +194,40 @@ def test_once_the_nodes_are_listed_again_health_is_good_again(
         eventually(lambda: many.snapshot().healthy, timeout=5)
         assert (many.snapshot().reason, served(many)) == ("ok", {"kwok-1"})
         assert not after(kube, "configmaps", since, failed=False)()
+
+
+class _Reads:
+    """A sink that records each document it is given."""
+
+    def __init__(self) -> None:
+        self.updates: list[Topology] = []
+
+    def update(self, topology: Topology, obj: str) -> None:
+        self.updates.append(topology)
+
+    def problem(self, reason: str) -> None:
+        raise AssertionError(reason)
+
+    def rejected(self, e: object) -> None:
+        raise AssertionError(e)
+
+
+def test_a_topology_file_is_read_once_at_start_and_again_when_it_changes(tmp_path: Path) -> None:
+    """A 5,000-node file takes seconds to read: the follower starts from the first read's
+    stamp instead of reading it a second time, and still sees every change after it."""
+    path = tmp_path / "topology.yml"
+    (node,) = MIG.nodes.values()
+    one = Topology("mixed", {"n1": node})
+    path.write_text(dump_yaml(one))
+    reads, stop = _Reads(), threading.Event()
+    thread = sources.file_source(path, reads, stop)
+    thread.start()
+    try:
+        stop.wait(2.5)  # two looks at the file, at least (one a second)
+        assert reads.updates == [one]
+        two = Topology("mixed", {"n1": node, "n2": node})
+        path.write_text(dump_yaml(two))
+        eventually(lambda: reads.updates == [one, two], timeout=10)
+    finally:
+        stop.set()
+        thread.join(5)
