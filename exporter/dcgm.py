@@ -2,8 +2,8 @@
 
 Pure but for the energy counter: `entities(node, options, now)` -> the node's series subjects;
 `fragments` -> each family's series lines of one node; `join` -> the bytes of `/metrics` for one
-node or many (the series of a family stay together, under one HELP and TYPE). They run once per
-change of the snapshot and once per collection step (values move in time), never per scrape.
+node or many (the series of a family stay together, under one HELP and TYPE). `NodeSeries` keeps
+a node's label text and the values of one collection step, and writes the text when asked.
 The NVML path (nvml.py) builds its subjects with the same labels (series.py) and shares the rest.
 
 Families, their order, type and help come from the counters CSV (fields.py); values from
@@ -34,7 +34,7 @@ from functools import lru_cache
 
 from exporter import readings
 from exporter.fields import DEFAULT_COUNTERS, EMPTY, GPU, MIG, Counters, Field, read_counters
-from exporter.readings import EnergyMeter
+from exporter.readings import EnergyMeter, Reading
 from exporter.series import GpuLabels, InstanceSeries, Labels, Subject, gpu_subjects
 from topology import dra
 from topology.catalog import GpuModel, model_for_product, nvml_model_name
@@ -133,34 +133,72 @@ def _label_fields(options: Options, gpu: Gpu) -> Labels:
     return tuple((name, _label_value(name, options, gpu)) for name in options.counters.labels)
 
 
-def entities(node: NodeTopology, options: Options, now: float) -> list[Subject]:
-    """Every series subject of the node in dcgm-exporter's order: (kind, labels, reading)."""
+@dataclass(frozen=True)
+class _GpuPlan:
+    """What a GPU's series are made of that does not change with time: its labels, its
+    instances in dcgm-exporter's order, and what its readings need."""
+
+    gpu: Gpu
+    labels: GpuLabels
+    mig: bool  # MIG on, on a model the catalog knows: one series per instance
+    devices: tuple[MigDevice, ...]
+    reads: readings.GpuPlan
+
+
+def _plans(node: NodeTopology, options: Options) -> list[_GpuPlan]:
     model = model_for_product(node.gpu_product)
     model_name = nvml_model_name(node.gpu_product)
-    # Static MIG: dcgm-exporter maps instances to pods through the kubelet's pod-resources API.
-    # run:ai's dynamic MIG hides them from it, so its series leave the pod labels empty.
-    name_holders = options.mig_pod_labels or not node.is_dynamic_mig_enabled
-    out: list[Subject] = []
+    out = []
     for index, gpu in enumerate(node.gpus):
         labels = gpu_labels(options, index, gpu.id, index, model_name, _label_fields(options, gpu))
         mig = gpu.mig_devices is not None and model is not None
         devices: tuple[MigDevice, ...] = ()
         if mig and model is not None and gpu.mig_devices:
             devices = tuple(sorted(gpu.mig_devices, key=lambda d: _mig_order(model, d)))
-        reading, per_instance = readings.read_gpu(
-            gpu, model, node.gpu_memory, now, (options.energy, options.hostname), devices
-        )
+        reads = readings.plan_gpu(gpu, model, node.gpu_memory, devices)
+        out.append(_GpuPlan(gpu, labels, mig, devices, reads))
+    return out
+
+
+def _read(
+    node: NodeTopology, plans: list[_GpuPlan], options: Options, now: float
+) -> list[tuple[Reading, list[Reading]]]:
+    """Each GPU's reading and its instances' at `now`."""
+    energy = (options.energy, options.hostname)
+    return [readings.read_plan(p.reads, now, energy) for p in plans]
+
+
+def entities(node: NodeTopology, options: Options, now: float) -> list[Subject]:
+    """Every series subject of the node in dcgm-exporter's order: (kind, labels, reading)."""
+    return _subjects(node, _plans(node, options), options, now)[0]
+
+
+def _subjects(
+    node: NodeTopology, plans: list[_GpuPlan], options: Options, now: float
+) -> tuple[list[Subject], list[tuple[int, int]]]:
+    """The subjects, and which reading each has: (its GPU, its instance or -1 for the GPU's)."""
+    # Static MIG: dcgm-exporter maps instances to pods through the kubelet's pod-resources API.
+    # run:ai's dynamic MIG hides them from it, so its series leave the pod labels empty.
+    name_holders = options.mig_pod_labels or not node.is_dynamic_mig_enabled
+    out: list[Subject] = []
+    shape: list[tuple[int, int]] = []
+    for g, (plan, (reading, per_instance)) in enumerate(
+        zip(plans, _read(node, plans, options, now), strict=True)
+    ):
         instances = [
             InstanceSeries(
                 dev.name, dev.gpu_instance_id, dev.status if name_holders else None, r, dev.id
             )
-            for dev, r in zip(devices, per_instance, strict=True)
+            for dev, r in zip(plan.devices, per_instance, strict=True)
         ]
-        out += gpu_subjects(
-            labels, reading, gpu.status, instances if mig else None, options.virtual_gpus,
-            options.dra,
+        subjects = gpu_subjects(
+            plan.labels, reading, plan.gpu.status, instances if plan.mig else None,
+            options.virtual_gpus, options.dra,
         )  # fmt: skip
-    return out
+        which = {id(r): k for k, r in enumerate(per_instance)}
+        shape += [(g, which.get(id(r), -1)) for _, _, r in subjects]
+        out += subjects
+    return out, shape
 
 
 def _kinds(node: NodeTopology) -> set[str]:
@@ -219,7 +257,11 @@ def fragments(node: NodeTopology, options: Options, now: float) -> dict[str, byt
 def subject_fragments(subjects: Iterable[Subject], counters: Counters) -> dict[str, bytes]:
     """The series lines of `entities`' subjects (simulated or read), per family: a value the
     source does not have (None) has no line."""
-    return Rendered.of(list(subjects), counters).parts
+    subjects = list(subjects)
+    texts = _label_texts(subjects)
+    values = [r for _, _, r in subjects]
+    return {c.field.name: lines for c in counters.metrics
+            if (lines := _family(c.field, texts, values))}  # fmt: skip
 
 
 def _label_texts(subjects: list[Subject]) -> list[tuple[str, str]]:
@@ -228,10 +270,10 @@ def _label_texts(subjects: list[Subject]) -> list[tuple[str, str]]:
     ]
 
 
-def _family(f: Field, texts: list[tuple[str, str]], subjects: list[Subject]) -> bytes:
+def _family(f: Field, texts: list[tuple[str, str]], values: list[Reading]) -> bytes:
     lines = [
         f"{f.name}{{{text}}} {sample}\n"
-        for (kind, text), (_, _, reading) in zip(texts, subjects, strict=True)
+        for (kind, text), reading in zip(texts, values, strict=True)
         if kind in f.where
         and (value := f.read(reading)) is not None
         and (sample := value_text(value, f.decimal)) is not None
@@ -239,36 +281,55 @@ def _family(f: Field, texts: list[tuple[str, str]], subjects: list[Subject]) -> 
     return "".join(lines).encode()
 
 
-@dataclass(frozen=True)
-class Rendered:
-    """A node's series as rendered, with what a collection step keeps: the label text of every
-    series, and the families whose values do not move in time. A step (the same topology, a
-    later time) computes only the readings and the families that move (`step`)."""
+class NodeSeries:
+    """One node's series at one time: the label text of each series, kept from step to step,
+    and the values of that time. The text is written when asked (a scrape), not held: 5,000
+    busy nodes' text is 575 MiB, their label text 36 MiB. A collection step (`at`, the same
+    topology at a later time) reads the GPUs again and nothing else.
 
-    texts: list[tuple[str, str]]  # (kind, label text) of each subject, in order
-    parts: dict[str, bytes]  # family -> its lines
+    The values are kept as plain tuples: the garbage collector stops following a plain tuple
+    of numbers, never a named one, and 5,000 nodes hold 200,000 of them; following them all
+    took a second every other step."""
 
-    @classmethod
-    def of(cls, subjects: list[Subject], counters: Counters) -> Rendered:
-        texts = _label_texts(subjects)
-        parts = {}
-        for counter in counters.metrics:
-            if lines := _family(counter.field, texts, subjects):
-                parts[counter.field.name] = lines
-        return cls(texts, parts)
+    __slots__ = ("_parts", "_plans", "_shape", "_values", "node", "options", "texts")
 
-    def step(self, subjects: list[Subject], counters: Counters) -> Rendered:
-        """The same series at a later time: `subjects` are `entities` of the same topology and
-        options, so they come in the same order with the same labels."""
-        if len(subjects) != len(self.texts):  # never, for the same topology: render whole
-            return Rendered.of(subjects, counters)
-        parts = {}
-        for counter in counters.metrics:
-            f = counter.field
-            lines = _family(f, self.texts, subjects) if f.moves else self.parts.get(f.name)
-            if lines:
-                parts[f.name] = lines
-        return Rendered(self.texts, parts)
+    def __init__(self, node: NodeTopology, options: Options, now: float) -> None:
+        self.node, self.options = node, options
+        self._plans = _plans(node, options)
+        subjects, self._shape = _subjects(node, self._plans, options, now)
+        self.texts = _label_texts(subjects)  # (kind, label text) of each subject, in order
+        self._values = [tuple(r) for _, _, r in subjects]
+        self._parts: dict[str, bytes] | None = None
+
+    def at(self, now: float) -> NodeSeries:
+        """The same series at `now`."""
+        new = object.__new__(NodeSeries)
+        new.node, new.options, new.texts = self.node, self.options, self.texts
+        new._plans, new._shape, new._parts = self._plans, self._shape, None
+        read = _read(self.node, self._plans, self.options, now)
+        new._values = [tuple(read[g][0] if k < 0 else read[g][1][k]) for g, k in self._shape]
+        return new
+
+    def parts(self) -> dict[str, bytes]:
+        """Each family's lines. Kept once written (`/metrics` whole asks for them, and every
+        scrape of it until the next step shares them); a page alone is written each time."""
+        parts = self._parts
+        if parts is None:
+            parts = self._parts = self._write()
+        return parts
+
+    def _write(self) -> dict[str, bytes]:
+        values = [Reading._make(v) for v in self._values]
+        out = {}
+        for counter in self.options.counters.metrics:
+            if lines := _family(counter.field, self.texts, values):
+                out[counter.field.name] = lines
+        return out
+
+    def page(self) -> tuple[bytes, ...]:
+        """The node's own page, as its exporter would serve it."""
+        parts = self._parts if self._parts is not None else self._write()
+        return join_parts([parts], self.options.counters)
 
 
 @lru_cache(maxsize=8)

@@ -23,7 +23,6 @@ Where a field is served follows the dumps:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,7 +73,7 @@ class _Mark:
 def declare(*fields: Field) -> dict[str, Field]:
     """The fields by name, checked: each reads one value of a Reading, and each value of a
     Reading is read by a field (one that no field reads would be computed and never served)."""
-    values = [f.name for f in dataclasses.fields(Reading)]
+    values = list(Reading._fields)
     marks: dict[str, Any] = {name: _Mark(name) for name in values}
     probe = Reading(**marks)  # what a field's reading returns names the value it reads
     out: dict[str, Field] = {}

@@ -1,10 +1,11 @@
 """The nodes an exporter serves, and `--all-nodes`: many nodes' series from one process (KWOK).
 
 `ServedNodes` is what the node's own exporter (service.py) and `--all-nodes` share: each node's
-series are rendered on their own and kept as per-family fragments; `/metrics` is their join
-(dcgm.join_parts), so a change to one node re-renders only that node and then joins bytes. Nodes
-whose values move in time (power, energy, activity: any GPU) are re-rendered on each collection
-step; the others only when their topology changes. Only the selected nodes are served.
+series (`dcgm.NodeSeries`: their label text and values) are made on their own, so a change to one
+node makes only that node's again. Nodes whose values move in time (power, energy, activity: any
+GPU) are read again on each collection step, their label text kept; the others only when their
+topology changes. The text is written when a scrape asks: a node's page each time, `/metrics`
+once per snapshot (dcgm.join_parts). Only the selected nodes are served.
 
 `NodesExporter` is `--all-nodes`, with `Hostname` = the node name. Sources are named (a per-node
 ConfigMap, or the one document of a file or of the single layout); each holds the nodes it lists.
@@ -23,8 +24,10 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from functools import partial
 
 from exporter import dcgm
+from exporter.fields import Counters
 from exporter.health import Health
 from exporter.loop import RenderLoop
 from exporter.node import node_of
@@ -65,10 +68,9 @@ class ServedNodes(RenderLoop):
         self._nodes: dict[str, NodeTopology] = {}  # last good entry of every node seen
         self._selected = selected
         self._dirty: set[str] = set()  # nodes to render again
-        # node -> the entry it was last rendered from, and that rendering (its fragments, as
-        # served): a step of the same entry keeps its label text and still families.
-        self._rendered: dict[str, tuple[NodeTopology, dcgm.Rendered]] = {}
-        self._pages: dict[str, tuple[bytes, ...]] = {}  # node -> its own page, joined
+        # node -> its series as served (the entry they were made from, their label text, their
+        # values of the last step): a step of the same entry reads the GPUs again, no more.
+        self._series: dict[str, dcgm.NodeSeries] = {}
         self._moving: set[str] = set()  # nodes whose values move in time
         self._gpus: dict[str, set[str]] = {}  # node -> its GPU ids, whose energy is counted
         self._step: int | None = None
@@ -101,12 +103,11 @@ class ServedNodes(RenderLoop):
             ready = self._ready()
         for name, node in todo.items():
             self._render(name, node, now)
-        body = dcgm.join_parts(
-            (self._rendered[name][1].parts for name in sorted(self._rendered)),
-            self.options.counters,
-        )
         own = self.invalid.exposition() + (self.shard.exposition() if self.shard else b"")
-        return Snapshot(body, healthy, reason, own, ready, dict(self._pages))
+        pages = dict(sorted(self._series.items()))
+        return Snapshot(
+            (), healthy, reason, own, ready, pages, partial(_whole, pages, self.options.counters)
+        )
 
     def _serves(self, name: str) -> bool:
         """Whether the node is served here (under `_lock`): selected, and of this shard."""
@@ -117,30 +118,31 @@ class ServedNodes(RenderLoop):
 
     def _render(self, name: str, node: NodeTopology | None, now: float) -> None:
         """A node's fragments again, or none for a node no longer served (None)."""
+        last = self._series.get(name)
+        if last is not None and last.node is node:  # a step: the GPUs read again, no more
+            self._series[name] = last.at(now)
+            return
         options = self._options_for(name)
         gone = self._gpus.pop(name, set())
         if node is None:
-            self._rendered.pop(name, None)
-            self._pages.pop(name, None)
+            self._series.pop(name, None)
             self._moving.discard(name)
             self._forget_gpus(options.hostname, gone)
             return
         self._gpus[name] = {gpu.id for gpu in node.gpus}
         self._forget_gpus(options.hostname, gone - self._gpus[name])
-        subjects = dcgm.entities(node, options, now)
-        last = self._rendered.get(name)
-        if last is not None and last[0] is node:
-            rendered = last[1].step(subjects, options.counters)
-        else:
-            rendered = dcgm.Rendered.of(subjects, options.counters)
-        self._rendered[name] = (node, rendered)
-        self._pages[name] = dcgm.join_parts([rendered.parts], self.options.counters)
+        self._series[name] = dcgm.NodeSeries(node, options, now)
         moving = dcgm.moves_in_time(node, self.options.counters)
         (self._moving.add if moving else self._moving.discard)(name)
 
     def _forget_gpus(self, hostname: str, gpu_ids: Iterable[str]) -> None:
         if self.FORGETS_GONE_GPUS:
             self.options.energy.drop(hostname, gpu_ids)
+
+
+def _whole(pages: dict[str, dcgm.NodeSeries], counters: Counters) -> tuple[bytes, ...]:
+    """`/metrics`: every node's families, family by family, nodes in name order."""
+    return dcgm.join_parts((series.parts() for series in pages.values()), counters)
 
 
 class NodesExporter(ServedNodes):
@@ -249,7 +251,7 @@ class NodesExporter(ServedNodes):
             if shard == self.shard and reason == self._sharding:
                 return
             self.shard, self._sharding = shard, reason
-            self._dirty |= set(self._nodes) | set(self._rendered)
+            self._dirty |= set(self._nodes) | set(self._series)
             if reason is None:
                 self.health.clear(SHARDS)
                 if shard is not None:

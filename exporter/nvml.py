@@ -306,7 +306,7 @@ def _label_fields(sample: NodeSample, gpu: GpuSample, options: dcgm.Options) -> 
 
 
 def _reading(values: dict[str, int | float], memory: Memory | None = None) -> Reading:
-    v: dict[str, Any] = dict.fromkeys(Reading.__dataclass_fields__) | values
+    v: dict[str, Any] = dict.fromkeys(Reading._fields) | values
     if memory is not None:
         v |= {"fb_used": memory.used, "fb_free": memory.free, "fb_total": memory.total,
               "fb_reserved": memory.reserved}  # fmt: skip

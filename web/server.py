@@ -1,7 +1,8 @@
-"""HTTP endpoint: `/metrics` serves the last rendered bytes, `/health` says if they can be trusted.
+"""HTTP endpoint: `/metrics` serves the last snapshot's bytes, `/health` says if they can be trusted.
 
 A scrape only reads an immutable snapshot; the daemon publishes a new one when what it serves
 changes (its topology, a step of the simulated values, an NVML collection), never per scrape.
+Many nodes' pages are written from the snapshot's values when asked (`Page`).
 
 `/metrics/nodes/<node>` and `/health/nodes/<node>` do the same for one node of a snapshot that
 has per-node pages (the many-nodes exporter); a client asking for gzip gets bodies compressed
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, partial
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import unquote
 
 from common.text import one_line, printable
@@ -78,12 +79,20 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16  # buffers per sendmsg
 
 
+class Page(Protocol):
+    """One node's page (`/metrics/nodes/<node>`), written when asked: many nodes' text is far
+    larger than what it is written from. The same object while the node's series are."""
+
+    def page(self) -> tuple[bytes, ...]: ...
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """What `/metrics` serves: the body as the parts it was joined from, never copied whole.
 
-    Many nodes' body runs to a hundred MiB; a change to one node swaps its fragments and
-    publishes a new tuple of references, and a scrape hands the parts to the kernel as they are.
+    A change publishes a new tuple of references, and a scrape hands the parts to the kernel as
+    they are. Many nodes' body (`whole`) runs to hundreds of MiB: it is joined when `/metrics` is
+    first asked for in this snapshot, then kept with it; where each node is its own target, never.
     """
 
     parts: tuple[bytes, ...] = ()
@@ -93,17 +102,25 @@ class Snapshot:
     # False only before the first topology: /metrics answers 503 then, so a scrape right after a
     # (re)start fails (Prometheus: up == 0) instead of reading an empty exporter as real.
     ready: bool = True
-    # `/metrics/nodes/<node>`: each node's own page, as the parts it is joined from (the same
-    # bytes objects as in `parts`: a page costs no copy). Empty: no per-node pages.
-    pages: Mapping[str, tuple[bytes, ...]] = field(default_factory=dict)
-    size: int = field(init=False)
+    # `/metrics/nodes/<node>`: each node's own page. Empty: no per-node pages.
+    pages: Mapping[str, Page] = field(default_factory=dict)
+    whole: Callable[[], tuple[bytes, ...]] | None = None  # the body, instead of `parts`
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "size", sum(map(len, self.parts)) + len(self.own))
+    @cached_property
+    def body_parts(self) -> tuple[bytes, ...]:
+        return self.parts if self.whole is None else self.whole()
+
+    def held(self) -> tuple[bytes, ...]:
+        """The parts of the body this snapshot holds now (none of a `whole` not asked for)."""
+        return self.__dict__.get("body_parts", self.parts)  # type: ignore[no-any-return]
+
+    @property
+    def size(self) -> int:
+        return sum(map(len, self.held())) + len(self.own)
 
     @cached_property
     def body(self) -> bytes:
-        return b"".join(self.parts)
+        return b"".join(self.body_parts)
 
 
 class Published:
@@ -278,7 +295,14 @@ class _InFlight:
         ones hold is within the bound."""
         with self._lock:
             current = self.published.snapshot
-            limit = max(self.limits.pinned_bytes, self.limits.pinned_bodies * current.size)
+            # A body not joined yet (many nodes': only when asked) is about the size of the one
+            # it replaced, which a scrape may be sending.
+            size = (
+                current.size
+                if current.whole is None or "body_parts" in current.__dict__
+                else max((s.size for s, _, _ in self._sending), default=0)
+            )
+            limit = max(self.limits.pinned_bytes, self.limits.pinned_bodies * size)
             while (
                 held := _held(current, [s for s, _, b in self._sending if b.cut is None])
             ) > limit:
@@ -329,10 +353,10 @@ class Gzipped:
         # id(body) -> (body, member): the body is held, so its id is not reused while listed.
         self._members: dict[int, tuple[object, bytes]] = {}
 
-    def _member(self, body: bytes | tuple[bytes, ...]) -> bytes:
+    def _member(self, body: bytes | Page) -> bytes:
         hit = self._members.get(id(body))
         if hit is None or hit[0] is not body:
-            data = body if isinstance(body, bytes) else b"".join(body)
+            data = body if isinstance(body, bytes) else b"".join(body.page())
             hit = (body, gzip.compress(data, GZIP_LEVEL, mtime=0))
             with self._lock:
                 self._members[id(body)] = hit
@@ -342,13 +366,13 @@ class Gzipped:
         """`/metrics`: a member per part."""
         return tuple(self._member(p) for p in parts if p)
 
-    def page(self, page: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    def page(self, page: Page) -> tuple[bytes, ...]:
         """A node's page: one member for all of it (it compresses several times better)."""
-        return (self._member(page),) if page else ()
+        return (self._member(page),)
 
     def keep(self, snapshot: Snapshot) -> None:
         """After a publish: forget the members of bodies the new snapshot no longer has."""
-        live = {id(p) for p in snapshot.parts}
+        live = {id(p) for p in snapshot.held()}
         live.update(map(id, snapshot.pages.values()))
         with self._lock:
             self._members = {k: v for k, v in self._members.items() if k in live}
@@ -358,10 +382,10 @@ def _held(current: Snapshot, snapshots: Sequence[Snapshot]) -> int:
     """The bytes `snapshots` keep alive that `current` does not: parts they share are one part."""
     if all(s is current for s in snapshots):
         return 0
-    seen = {id(p) for p in (*current.parts, current.own)}
+    seen = {id(p) for p in (*current.held(), current.own)}
     held = 0
     for snapshot in snapshots:
-        for part in (*snapshot.parts, snapshot.own):
+        for part in (*snapshot.held(), snapshot.own):
             if id(part) not in seen:
                 seen.add(id(part))
                 held += len(part)
@@ -497,20 +521,18 @@ def _handler(
             if not snap.ready:
                 self._send(503, f"{snap.reason}\n".encode(), "text/plain; charset=utf-8", body)
                 return
+            gz = accepts_gzip(self.headers.get("Accept-Encoding"))
             if path == "/metrics":
-                parts = (*snap.parts, snap.own)
+                parts = (*snap.body_parts, snap.own)
+                parts = gzipped.of(parts) if gz else parts
             else:
                 node = unquote(path.removeprefix(PAGES))
                 page = snap.pages.get(node)
                 if page is None:
                     self._not_served(node, body)
                     return
-                parts = page
-            encoding = None
-            if accepts_gzip(self.headers.get("Accept-Encoding")):
-                whole = path == "/metrics"
-                parts, encoding = (gzipped.of(parts) if whole else gzipped.page(parts)), "gzip"
-            self._send_parts(parts if body else (), sum(map(len, parts)), encoding)
+                parts = gzipped.page(page) if gz else page.page()
+            self._send_parts(parts if body else (), sum(map(len, parts)), "gzip" if gz else None)
 
         def _not_served(self, node: str, body: bool) -> None:
             text = f"node {printable(node, 253)} is not served here\n".encode()

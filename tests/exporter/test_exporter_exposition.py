@@ -96,7 +96,7 @@ def writable(value: float | None) -> bool:
 
 @settings(derandomize=True, max_examples=examples(60), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
-@given(st.fixed_dictionaries({name: VALUES for name in Reading.__dataclass_fields__}))
+@given(st.fixed_dictionaries({name: VALUES for name in Reading._fields}))
 def test_a_value_that_is_no_finite_float_is_left_out_and_the_rest_served(
     values: dict[str, float | None],
 ) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -13,6 +15,7 @@ from exporter import dcgm
 from exporter.fields import Counters, parse_counters
 from exporter.many import NodesExporter
 from tests.exporter.test_exporter import MIG, whole_gpu
+from tests.support.kubeapi import eventually
 from tests.support.promtext import parse
 from topology.errors import TopologyError
 from topology.model import MigDevice, Topology
@@ -29,15 +32,15 @@ def doc(name: str, topology: Topology) -> Topology:
 
 @pytest.fixture
 def rendered(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The hostnames dcgm.entities is called for, in order: what was rendered again."""
+    """The hostnames whose GPUs are read, in order: what was rendered again."""
     calls: list[str] = []
-    real = dcgm.entities
+    real = dcgm._read
 
-    def spy(node, options, now):  # type: ignore[no-untyped-def]
+    def spy(node, plans, options, now):  # type: ignore[no-untyped-def]
         calls.append(options.hostname)
-        return real(node, options, now)
+        return real(node, plans, options, now)
 
-    monkeypatch.setattr(dcgm, "entities", spy)
+    monkeypatch.setattr(dcgm, "_read", spy)
     yield calls
 
 
@@ -83,8 +86,8 @@ def test_a_change_renders_only_its_node(rendered: list[str]) -> None:
     rendered.clear()
     (node,) = MIG.nodes.values()
     gpu = node.gpus[0]
-    repartitioned = node.__class__(**{**node.__dict__, "gpus": (gpu.__class__(
-        gpu.id, mig_devices=(MigDevice("7g.40gb", 0, 0),)),)})  # fmt: skip
+    repartitioned = replace(node, gpus=(replace(gpu, status=None,
+                                                mig_devices=(MigDevice("7g.40gb", 0, 0),)),))  # fmt: skip
     many.update_source("topology-b", Topology("mixed", {"b": repartitioned}), "b")
     many.update_source("topology-c", doc("c", MIG), "c")  # the same again: no change
     body = many.snapshot().body.decode()
@@ -155,7 +158,7 @@ def test_a_bad_node_keeps_its_last_good_series_and_the_others_go_on() -> None:
     many.update_source("topology-b", doc("b", MIG), "ConfigMap gpu-operator/topology-b")
     good = many.snapshot().body
     (node,) = MIG.nodes.values()
-    broken = node.__class__(**{**node.__dict__, "gpu_product": "NVIDIA-H200"})  # no such profiles
+    broken = replace(node, gpu_product="NVIDIA-H200")  # no such profiles
     many.update_source(
         "topology-a", Topology("mixed", {"a": broken}), "ConfigMap gpu-operator/topology-a"
     )
@@ -291,3 +294,24 @@ def test_a_rejected_document_keeps_the_series_and_says_why(
     said = "ConfigMap gpu-operator/topology: topology.yml: is not valid YAML; serving the last good series"
     assert (snap.body, snap.healthy, snap.reason) == (good, False, said)
     assert [r.getMessage() for r in caplog.records] == [said]
+
+
+def test_once_ready_the_collector_stops_walking_what_the_first_read_built() -> None:
+    """At 5,000 nodes the cyclic collector walked every node's entry and labels, a second every
+    few steps: once the first true snapshot is out, they are frozen (and not before: an empty
+    start would freeze nothing worth it)."""
+    gc.unfreeze()
+    many, stop = exporter(), threading.Event()
+    loop = threading.Thread(target=many.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        time.sleep(0.3)
+        assert not many.published.snapshot.ready and gc.get_freeze_count() == 0
+        many.update_source("topology-a", doc("a", MIG), "a")
+        eventually(lambda: many.published.snapshot.ready, timeout=10)
+        eventually(lambda: gc.get_freeze_count() > 0, timeout=10)
+    finally:
+        stop.set()
+        many.wake.set()
+        loop.join(10)
+        gc.unfreeze()

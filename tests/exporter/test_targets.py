@@ -4,6 +4,7 @@ scraping them is in tests/live/test_many_targets.py.)"""
 
 from __future__ import annotations
 
+import gc
 import gzip
 import http.client
 import os
@@ -58,8 +59,8 @@ def test_each_node_s_page_is_what_its_own_exporter_serves() -> None:
         topology = MIG if i % 2 else whole_gpu(50, 50)
         (node,) = topology.nodes.values()
         own = dcgm.render(node, dcgm.Options(name, "535.104.05"), time.time())
-        assert b"".join(snap.pages[name]) == own
-        assert hostnames(b"".join(snap.pages[name])) == {name}
+        assert b"".join(snap.pages[name].page()) == own
+        assert hostnames(b"".join(snap.pages[name].page())) == {name}
 
 
 @freeze_time("2026-11-22 10:00:00")
@@ -106,12 +107,12 @@ def test_accept_encoding_is_read_as_http_says(header: str | None, takes: bool) -
 def test_parts_are_compressed_once_and_forgotten_when_gone() -> None:
     snap = serving().snapshot()
     cache = Gzipped()
-    first = cache.of(snap.parts)
+    first = cache.of(snap.body_parts)
     assert gzip.decompress(b"".join(first)) == snap.body  # concatenated members: one stream
-    again = cache.of(snap.parts)
+    again = cache.of(snap.body_parts)
     assert all(a is b for a, b in zip(first, again, strict=True))  # not compressed again
     cache.keep(Published().snapshot)  # a snapshot without those parts
-    assert all(a is not b for a, b in zip(first, cache.of(snap.parts), strict=True))
+    assert all(a is not b for a, b in zip(first, cache.of(snap.body_parts), strict=True))
 
 
 @contextmanager
@@ -150,7 +151,7 @@ def test_a_node_s_page_and_health_over_http_with_and_without_gzip() -> None:
         assert (status, headers["content-encoding"]) == (200, "gzip")
         assert gzip.decompress(zipped) == page and int(headers["content-length"]) == len(zipped)
         status, _, whole = fetch(port, "/metrics", **{"Accept-Encoding": "gzip"})
-        assert gzip.decompress(whole) == b"".join((*many.published.snapshot.parts,
+        assert gzip.decompress(whole) == b"".join((*many.published.snapshot.body_parts,
                                                    many.published.snapshot.own))  # fmt: skip
         assert fetch(port, f"/health/nodes/{mine}")[:3:2] == (200, b"ok\n")
         status, headers, one = fetch(port, f"/metrics/nodes/{mine}", **{"Accept-Encoding": "gzip"})
@@ -262,18 +263,17 @@ def step_cases() -> list[Any]:
 def test_a_step_keeps_the_labels_and_still_families_and_is_a_whole_render(
     node: NodeTopology, options: dcgm.Options
 ) -> None:
-    """A collection step renders only what moves, and gives what rendering all of it at that
-    time gives, series for series, also after many steps."""
+    """A collection step reads the GPUs again and keeps the label text, and gives what
+    rendering all of it at that time gives, series for series, also after many steps."""
     start = 1_795_000_000.0
-    rendered = dcgm.Rendered.of(dcgm.entities(node, options, start), options.counters)
+    series = dcgm.NodeSeries(node, options, start)
     for k in range(1, 4):
         now = start + 10 * k
-        stepped = rendered.step(dcgm.entities(node, options, now), options.counters)
-        whole = dcgm.Rendered.of(dcgm.entities(node, options, now), options.counters)
-        assert stepped.parts == whole.parts
-        still = [c.field.name for c in options.counters.metrics if not c.field.moves]
-        assert all(stepped.parts.get(f) is rendered.parts.get(f) for f in still)  # kept
-        rendered = stepped
+        stepped = series.at(now)
+        assert stepped.page() == dcgm.NodeSeries(node, options, now).page()
+        assert b"".join(stepped.page()) == dcgm.render(node, options, now)
+        assert stepped.texts is series.texts  # kept
+        series = stepped
 
 
 def test_a_page_is_one_member_made_once_and_publishing_never_races_the_scrapes() -> None:
@@ -281,7 +281,7 @@ def test_a_page_is_one_member_made_once_and_publishing_never_races_the_scrapes()
     cache = Gzipped()
     page = snap.pages[NAMES[0]]
     (member,) = cache.page(page)
-    assert gzip.decompress(member) == b"".join(page) and cache.page(page) == (member,)
+    assert gzip.decompress(member) == b"".join(page.page()) and cache.page(page) == (member,)
     assert cache.page(page)[0] is member
     # Scrapes add members while each publish drops the stale ones: neither breaks the other.
     # (A big table, so that dropping takes long enough for a scrape to add meanwhile; parts big
@@ -336,3 +336,21 @@ def test_autosharding_is_what_serve_builds_from_pod_and_namespace(
     monkeypatch.delenv("POD_NAMESPACE")
     assert cli.main(["--all-nodes", "--port", "0"]) == 1
     assert built[1]["autoshard"] is None  # a pod name alone shards nothing
+
+
+def test_pages_hold_no_text_and_values_are_not_followed_by_the_collector() -> None:
+    """5,000 nodes' text is 575 MiB: a page is written when asked and not kept; the body is
+    joined when `/metrics` is asked for and then kept for the scrapes of that snapshot. And the
+    values of every series, 200,000 tuples a step at that size, are plain tuples the garbage
+    collector stops following (a named tuple it follows forever: a second every other step)."""
+    snap = serving().snapshot()
+    for page in snap.pages.values():
+        assert page.page()
+        assert isinstance(page, dcgm.NodeSeries) and page._parts is None  # not kept
+    assert snap.held() == () and snap.size == len(snap.own)
+    whole = snap.body_parts
+    assert snap.held() == whole and snap.size == sum(map(len, whole)) + len(snap.own)
+    gc.collect()
+    series = next(iter(snap.pages.values()))
+    assert isinstance(series, dcgm.NodeSeries)
+    assert not any(gc.is_tracked(v) for v in series._values)

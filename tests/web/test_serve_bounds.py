@@ -342,6 +342,22 @@ def test_parts_the_current_snapshot_shares_are_not_counted_as_held() -> None:
     assert bodies == [(shared + b"node %d\n" % i, False) for i in range(3)]
 
 
+def test_a_body_joined_when_asked_is_bounded_by_the_bodies_being_sent() -> None:
+    """Many nodes' body is joined only when `/metrics` is asked for: a new snapshot's size is
+    not known when it is published, and counting it as empty cut every whole scrape a step
+    overtook. It counts as the largest body being sent, so a scrape spanning a publish or two
+    ends whole, as it does with bodies joined at once."""
+    bodies = [bytes([ord("a") + i]) * (6 << 20) for i in range(3)]
+    snapshots = [Snapshot(healthy=True, reason="ok", whole=lambda b=b: (b,)) for b in bodies]
+    limits = Limits(send_timeout_s=60, pinned_bytes=1 << 20, pinned_bodies=2)
+    with serving(limits, snapshots[0]) as (server, published):
+        reader = begin(server.port)
+        for snapshot in snapshots[1:]:
+            published.publish(snapshot)
+        assert finish(*reader) == (bodies[0], False)
+        assert snapshots[1].held() == ()  # never asked for: nothing joined
+
+
 def test_a_watcher_is_told_of_each_publish_until_it_stops_watching() -> None:
     """How a server follows the snapshots it bounds; a stopped one is told no more."""
     published = Published()
