@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from functools import partial
@@ -40,6 +41,7 @@ log = logging.getLogger("exporter")
 _START = "start"
 # Problem keys: what reports a problem, and clears it when it is good again.
 CONFIGMAPS, NODES, SOURCES, SHARDS = "configmaps", "nodes", "sources", "shards"
+READING = "reading"  # the first list of the sources is being read: how many so far
 SHARDS_WATCH = "statefulset"  # reading the shard count failed (its last count is kept)
 
 
@@ -89,6 +91,11 @@ class ServedNodes(RenderLoop):
         """Whether the body is true yet (under `_lock`): before, `/metrics` answers 503."""
         raise NotImplementedError
 
+    def _complete(self) -> bool:
+        """Whether every node there is to serve is known (under `_lock`): while the first list
+        is read, a node not served yet may be on its way."""
+        return True
+
     def snapshot(self) -> Snapshot:
         """Render what changed (and what moves in time on a new step), join, and say if healthy."""
         now = self.clock()
@@ -101,13 +108,13 @@ class ServedNodes(RenderLoop):
             todo = {name: self._nodes.get(name) if self._serves(name) else None for name in dirty}
             healthy, reason = self.health.state()
             ready = self._ready()
+            complete = self._complete()
         for name, node in todo.items():
             self._render(name, node, now)
         own = self.invalid.exposition() + (self.shard.exposition() if self.shard else b"")
         pages = dict(sorted(self._series.items()))
-        return Snapshot(
-            (), healthy, reason, own, ready, pages, partial(_whole, pages, self.options.counters)
-        )
+        whole = partial(_whole, pages, self.options.counters)
+        return Snapshot((), healthy, reason, own, ready, pages, whole, complete)
 
     def _serves(self, name: str) -> bool:
         """Whether the node is served here (under `_lock`): selected, and of this shard."""
@@ -145,6 +152,10 @@ def _whole(pages: dict[str, dcgm.NodeSeries], counters: Counters) -> tuple[bytes
     return dcgm.join_parts((series.parts() for series in pages.values()), counters)
 
 
+def _progress(done: int, total: int) -> str:
+    return f"read {done} of {total} topology ConfigMaps; serving the nodes read so far"
+
+
 class NodesExporter(ServedNodes):
     STOPPED = SOURCES
 
@@ -172,6 +183,9 @@ class NodesExporter(ServedNodes):
         self._sharding = first.get(SHARDS)  # none served until the shard count is read
         self._listed = node_selector is None  # whether `_selected` came from a Node list
         self._sources: dict[str, set[str]] = {}  # source -> the nodes it holds
+        # While the first list of the sources is read: (sources listed, read so far, since).
+        self._reading: tuple[int, int, float] | None = None
+        self._read_once = False  # a list was read whole: later ones are news to nobody
 
     # --- sources in (watch threads) --------------------------------------------------------------
 
@@ -180,8 +194,27 @@ class NodesExporter(ServedNodes):
         self.update_source(obj, topology, obj)
         self.problem(None)
 
+    def reading(self, total: int) -> None:
+        """The first list of the sources is about to be read, `total` of them. Each is served as
+        soon as it is read, and `/health` says how many are (503) until `problem(None)` says the
+        list is read. A later list (a watch's relist) serves what it served and says nothing."""
+        with self._lock:
+            if self._read_once:
+                return
+            self._reading = (total, 0, time.monotonic())
+            self.health.set(READING, _progress(0, total), quiet=True)
+        log.info("reading %d topology ConfigMaps", total)
+
+    def _read_one(self) -> None:
+        """A source of the first list was read (under `_lock`)."""
+        if self._reading is not None:
+            total, done, since = self._reading
+            self._reading = (total, done + 1, since)
+            self.health.set(READING, _progress(done + 1, total), quiet=True)
+
     def update_source(self, source: str, topology: Topology, obj: str) -> None:
         with self._lock:
+            self._read_one()
             before = self._sources.get(source, set())
             # A node whose entry is bad stays (with its last good series): it is not gone.
             named = set(topology.nodes) | set(topology.invalid)
@@ -210,6 +243,7 @@ class NodesExporter(ServedNodes):
         self, source: str, reason: str, invalid: TopologyError | None = None
     ) -> None:
         with self._lock:
+            self._read_one()
             self.health.set(source, reason)
             if invalid is not None:
                 self.health.count(source, invalid)
@@ -284,9 +318,20 @@ class NodesExporter(ServedNodes):
             if reason is None:
                 self.health.clear(key)
                 self.health.clear(_START)  # listed: an empty namespace is a good state
+                if key == CONFIGMAPS:
+                    self._list_read()
             else:
                 self.health.set(key, reason)
         self.wake.set()
+
+    def _list_read(self) -> None:
+        """The sources' list is read whole (under `_lock`)."""
+        self._read_once = True
+        if self._reading is not None:
+            total, _, since = self._reading
+            self._reading = None
+            took = time.monotonic() - since
+            self.health.clear(READING, f"read {total} topology ConfigMaps in {took:.1f} s")
 
     def _forget(self, name: str) -> None:
         # Still listed by another source (a node moved between documents): keep it.
@@ -298,3 +343,6 @@ class NodesExporter(ServedNodes):
         # A source was read: its nodes (maybe none) are true; with a node selector, the Nodes
         # were listed too: before, nothing is selected, and an empty body would be a lie.
         return not self.health.has(_START) and self._listed and self._sharding is None
+
+    def _complete(self) -> bool:
+        return self._reading is None

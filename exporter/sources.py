@@ -173,6 +173,7 @@ def watch_node_configmaps(
     def on_reset(items: list[Obj]) -> None:
         mine = [cm for cm in items if ours(cm)]
         exporter.keep_sources({_name(cm) for cm in mine})
+        exporter.reading(len(mine))
         for cm in mine:
             apply(cm)
         exporter.problem(None)

@@ -105,6 +105,9 @@ class Snapshot:
     # `/metrics/nodes/<node>`: each node's own page. Empty: no per-node pages.
     pages: Mapping[str, Page] = field(default_factory=dict)
     whole: Callable[[], tuple[bytes, ...]] | None = None  # the body, instead of `parts`
+    # False while the first list of the nodes is read: a node not in `pages` may still come
+    # (503), rather than not be served here (404).
+    complete: bool = True
 
     @cached_property
     def body_parts(self) -> tuple[bytes, ...]:
@@ -507,7 +510,7 @@ def _handler(
             elif path.startswith(HEALTH_PAGES):
                 node = unquote(path.removeprefix(HEALTH_PAGES))
                 if snap.ready and node not in snap.pages:
-                    self._not_served(node, body)
+                    self._not_served(snap, node, body)
                 else:  # a node's series are as good as the whole's: stale when it is
                     status = 200 if snap.healthy and snap.ready else 503
                     text = "ok" if status == 200 else snap.reason
@@ -529,12 +532,15 @@ def _handler(
                 node = unquote(path.removeprefix(PAGES))
                 page = snap.pages.get(node)
                 if page is None:
-                    self._not_served(node, body)
+                    self._not_served(snap, node, body)
                     return
                 parts = gzipped.page(page) if gz else page.page()
             self._send_parts(parts if body else (), sum(map(len, parts)), "gzip" if gz else None)
 
-        def _not_served(self, node: str, body: bool) -> None:
+        def _not_served(self, snap: Snapshot, node: str, body: bool) -> None:
+            if not snap.complete:  # it may be among the nodes still being read
+                self._send(503, f"{snap.reason}\n".encode(), "text/plain; charset=utf-8", body)
+                return
             text = f"node {printable(node, 253)} is not served here\n".encode()
             self._send(404, text, "text/plain; charset=utf-8", body)
 

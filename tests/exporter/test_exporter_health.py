@@ -13,6 +13,7 @@ here, not by backoff jitter.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -231,3 +232,20 @@ def test_a_topology_file_is_read_once_at_start_and_again_when_it_changes(tmp_pat
     finally:
         stop.set()
         thread.join(5)
+
+
+def test_the_first_list_of_configmaps_is_read_with_its_progress_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The watch says how many it reads and when it has read them; a node's page answers 503
+    while it may still come, and 404 once the list is read and it is not there."""
+    caplog.set_level(logging.INFO, logger="exporter")
+    with KubeAPI.start() as kube:
+        for name in ("kwok-1", "kwok-2", "kwok-3"):
+            add_node(kube, name, kwok=True)
+        with watching(kube) as many:
+            eventually(lambda: many.snapshot().healthy, timeout=15)
+            assert served(many) == {"kwok-1", "kwok-2", "kwok-3"}
+    said = [r.getMessage() for r in caplog.records]
+    assert "reading 3 topology ConfigMaps" in said
+    assert any(m.startswith("read 3 topology ConfigMaps in ") for m in said), said

@@ -315,3 +315,31 @@ def test_once_ready_the_collector_stops_walking_what_the_first_read_built() -> N
         many.wake.set()
         loop.join(10)
         gc.unfreeze()
+
+
+def test_while_the_first_list_is_read_each_node_is_served_once_read_and_health_says_how_many() -> (
+    None
+):
+    many = exporter()
+    many.reading(3)
+    assert not many.snapshot().ready  # nothing read yet: nothing true to serve
+    many.update_source("topology-a", doc("a", MIG), "a")
+    snap = many.snapshot()
+    assert (snap.ready, snap.healthy, snap.complete) == (True, False, False)
+    assert snap.reason == "read 1 of 3 topology ConfigMaps; serving the nodes read so far"
+    assert set(snap.pages) == {"a"}
+    many.source_problem("topology-b", "ConfigMap b: not valid YAML")  # read, and bad: counts
+    many.health.clear("topology-b")
+    assert many.snapshot().reason.startswith("read 2 of 3 ")
+    many.update_source("topology-c", doc("c", MIG), "c")
+    assert many.snapshot().reason.startswith("read 3 of 3 ")
+    many.problem(None)  # the list is read
+    many.source_problem("topology-b", "ConfigMap b: not valid YAML")
+    snap = many.snapshot()
+    assert (snap.complete, snap.reason, set(snap.pages)) == (
+        True, "ConfigMap b: not valid YAML", {"a", "c"})  # fmt: skip
+    # A relist (a watch that expired): everything stays served, and nothing is said of it.
+    many.reading(3)
+    many.update_source("topology-b", doc("b", MIG), "b")
+    snap = many.snapshot()
+    assert (snap.healthy, snap.complete, set(snap.pages)) == (True, True, {"a", "b", "c"})

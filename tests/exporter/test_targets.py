@@ -162,6 +162,25 @@ def test_a_node_s_page_and_health_over_http_with_and_without_gzip() -> None:
             assert b"\n" not in body[:-1]  # a name from the request stays one line
 
 
+@freeze_time("2026-11-22 10:00:00")
+def test_while_the_first_list_is_read_a_node_not_read_yet_may_still_come() -> None:
+    """Its page and health answer 503 with the progress (Prometheus: up 0, as for a node whose
+    exporter starts), not 404; once the list is read, a node not in it is not served here."""
+    many = NodesExporter(OPTIONS, Published())
+    many.reading(2)
+    many.update_source("topology-a", doc("a", MIG), "ConfigMap a")
+    with server(many) as port:
+        assert fetch(port, "/metrics/nodes/a")[0] == 200
+        for path in ("/metrics/nodes/b", "/health/nodes/b"):
+            status, _, body = fetch(port, path)
+            assert (status, body) == (
+                503, b"read 1 of 2 topology ConfigMaps; serving the nodes read so far\n")  # fmt: skip
+        many.problem(None)
+        many.published.publish(many.snapshot())
+        assert fetch(port, "/metrics/nodes/b")[0] == 404
+        assert fetch(port, "/health/nodes/a")[:3:2] == (200, b"ok\n")
+
+
 def test_shard_flags_are_checked_and_the_ordinal_read_from_the_pod_name(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
