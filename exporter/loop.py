@@ -19,6 +19,7 @@ from exporter.health import Health
 from web.server import Published, Snapshot
 
 WATCHDOG_S = 1.0  # how often a sleeping render loop checks that its sources still run
+SETTLE_S = 60.0  # the collector runs again after this long, even with nothing ready to serve
 
 
 class RenderLoop:
@@ -47,13 +48,13 @@ class RenderLoop:
         return dcgm.until_next_step(self.clock())
 
     def run(self, stop: threading.Event, sources: Sequence[threading.Thread] = ()) -> None:
-        settled = False
+        settled, started = False, time.monotonic()
         while not stop.is_set():
             self.wake.clear()
             self.tick()
             snapshot = self.snapshot()
             self.published.publish(snapshot)
-            if snapshot.ready and not settled:
+            if not settled and (snapshot.ready or time.monotonic() - started > SETTLE_S):
                 settle()
                 settled = True
             gone = wait_for_work(self.wake, self.due_in(), sources, stop)
@@ -64,10 +65,12 @@ class RenderLoop:
 def settle() -> None:
     """After the first read: what it built (each node's entry, labels and plans) lives until its
     node changes, so the cyclic garbage collector is told to stop walking it (`gc.freeze`, after
-    a last collection). Walking it was a second every few collection steps at 5,000 nodes; as
-    nodes change, their old objects are still freed, by their reference counts."""
+    a last collection), and runs again if the start paused it (cli). Walking it was a second
+    every few collection steps at 5,000 nodes; as nodes change, their old objects are still
+    freed, by their reference counts."""
     gc.collect()
     gc.freeze()
+    gc.enable()
 
 
 def wait_for_work(

@@ -7,11 +7,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from freezegun import freeze_time
 
-from exporter import dcgm
+from exporter import cli, dcgm
+from exporter import loop as loop_module
 from exporter.fields import Counters, parse_counters
 from exporter.many import NodesExporter
 from tests.exporter.test_exporter import MIG, whole_gpu
@@ -301,20 +303,44 @@ def test_once_ready_the_collector_stops_walking_what_the_first_read_built() -> N
     few steps: once the first true snapshot is out, they are frozen (and not before: an empty
     start would freeze nothing worth it)."""
     gc.unfreeze()
+    gc.disable()  # as the command pauses it for the first read
     many, stop = exporter(), threading.Event()
     loop = threading.Thread(target=many.run, args=(stop,), daemon=True)
     loop.start()
     try:
         time.sleep(0.3)
         assert not many.published.snapshot.ready and gc.get_freeze_count() == 0
+        assert not gc.isenabled()
         many.update_source("topology-a", doc("a", MIG), "a")
         eventually(lambda: many.published.snapshot.ready, timeout=10)
-        eventually(lambda: gc.get_freeze_count() > 0, timeout=10)
+        eventually(lambda: gc.get_freeze_count() > 0 and gc.isenabled(), timeout=10)
     finally:
         stop.set()
         many.wake.set()
         loop.join(10)
         gc.unfreeze()
+        gc.enable()
+
+
+def test_the_collector_runs_again_in_time_even_with_nothing_to_serve(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(loop_module, "SETTLE_S", 0.2)
+    gc.disable()
+    many, stop = exporter(), threading.Event()
+    loop = threading.Thread(target=many.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        time.sleep(0.3)
+        many.problem("ConfigMaps gpu-operator: HTTP 500")  # wakes the loop, past SETTLE_S
+        eventually(gc.isenabled, timeout=5)
+        assert not many.published.snapshot.ready
+    finally:
+        stop.set()
+        many.wake.set()
+        loop.join(10)
+        gc.unfreeze()
+        gc.enable()
 
 
 def test_while_the_first_list_is_read_each_node_is_served_once_read_and_health_says_how_many() -> (
@@ -343,3 +369,10 @@ def test_while_the_first_list_is_read_each_node_is_served_once_read_and_health_s
     many.update_source("topology-b", doc("b", MIG), "b")
     snap = many.snapshot()
     assert (snap.healthy, snap.complete, set(snap.pages)) == (True, True, {"a", "b", "c"})
+
+
+def test_a_command_that_ends_before_serving_leaves_the_collector_running(tmp_path: Path) -> None:
+    """The command pauses the collector for its first read: whatever ends it, it runs again
+    (the command may be called in a process that goes on: a test, an embedding program)."""
+    assert cli.main(["--all-nodes", "--topology-file", str(tmp_path / "none.yaml")]) == 2
+    assert gc.isenabled()
