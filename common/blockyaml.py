@@ -48,6 +48,15 @@ class _NotMine(Exception):
     """The text is outside the subset: PyYAML reads it."""
 
 
+def scalar(text: str) -> Any:
+    """One scalar as PyYAML reads it, or None when it is outside the subset (in it, no scalar
+    is null)."""
+    try:
+        return _scalar(text)
+    except _NotMine:
+        return None
+
+
 def _scalar(text: str) -> Any:
     value: Any
     if _NEVER_RESOLVED.fullmatch(text):

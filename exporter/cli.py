@@ -260,7 +260,8 @@ def milliseconds(text: str) -> int:
 def _once(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None) -> int:
     path: Path = args.topology_file
     obj = f"topology file {path}"
-    topology = read_topology_file(path)
+    # A shard leaves other nodes' ConfigMaps unread, as it does serving.
+    topology = read_topology_file(path, shard.owns if shard is not None else None)
     if args.all_nodes:
         # As `render` does: a bad node is one warning, and every other node is printed.
         good = {}

@@ -186,6 +186,11 @@ class NodesExporter(ServedNodes):
         # While the first list of the sources is read: (sources listed, read so far, since).
         self._reading: tuple[int, int, float] | None = None
         self._read_once = False  # a list was read whole: later ones are news to nobody
+        # Sources whose one node another shard serves: left unread, with how to read them should
+        # a new shard count make the node this one's (source -> (node, read)).
+        self._unread: dict[str, tuple[str, Callable[[int], None]]] = {}
+        # source -> the last event it had: a read of an older one that comes late is dropped.
+        self._events: dict[str, int] = {}
 
     # --- sources in (watch threads) --------------------------------------------------------------
 
@@ -212,8 +217,44 @@ class NodesExporter(ServedNodes):
             self._reading = (total, done + 1, since)
             self.health.set(READING, _progress(done + 1, total), quiet=True)
 
-    def update_source(self, source: str, topology: Topology, obj: str) -> None:
+    def owns(self, node: str) -> bool:
+        """Whether `node` is this shard's, as far as is known: while the shard count is not
+        read, every node may be."""
         with self._lock:
+            return self._owns(node)
+
+    def _owns(self, node: str) -> bool:
+        return self._sharding is not None or self.shard is None or self.shard.owns(node)
+
+    def unread(self, source: str, node: str, read: Callable[[int], None]) -> None:
+        """A source whose one node another shard serves: neither read nor kept as read (a
+        quarter of the memory for a quarter of the nodes); `read(event)` reads it should a new
+        shard count make the node this one's."""
+        with self._lock:
+            self._read_one()
+            self._event(source)
+            for name in self._sources.pop(source, set()):
+                self._forget(name)
+            self.health.clear(source)
+            self._unread[source] = (node, read)
+        self.wake.set()
+
+    def _event(self, source: str) -> None:
+        self._events[source] = self._events.get(source, 0) + 1
+
+    def _stale(self, source: str, after: int | None) -> bool:
+        """Whether a late read (of the source as it was at event `after`) was overtaken."""
+        return after is not None and self._events.get(source) != after
+
+    def update_source(
+        self, source: str, topology: Topology, obj: str, after: int | None = None
+    ) -> None:
+        """`after`: this is a late read of the source as it was at that event (see `unread`)."""
+        with self._lock:
+            if self._stale(source, after):
+                return
+            self._event(source)
+            self._unread.pop(source, None)
             self._read_one()
             before = self._sources.get(source, set())
             # A node whose entry is bad stays (with its last good series): it is not gone.
@@ -240,9 +281,14 @@ class NodesExporter(ServedNodes):
         self.wake.set()
 
     def source_problem(
-        self, source: str, reason: str, invalid: TopologyError | None = None
-    ) -> None:
+        self, source: str, reason: str, invalid: TopologyError | None = None,
+        after: int | None = None,
+    ) -> None:  # fmt: skip
         with self._lock:
+            if self._stale(source, after):
+                return
+            self._event(source)
+            self._unread.pop(source, None)
             self._read_one()
             self.health.set(source, reason)
             if invalid is not None:
@@ -255,6 +301,8 @@ class NodesExporter(ServedNodes):
 
     def remove_source(self, source: str) -> None:
         with self._lock:
+            self._events.pop(source, None)
+            self._unread.pop(source, None)
             for name in self._sources.pop(source, set()):
                 self._forget(name)
             self.health.clear(source)
@@ -262,7 +310,9 @@ class NodesExporter(ServedNodes):
 
     def keep_sources(self, sources: set[str]) -> None:
         """After a fresh list: sources that are not in it are gone."""
-        for source in set(self._sources) - sources:
+        with self._lock:
+            known = set(self._sources) | set(self._unread)
+        for source in known - sources:
             self.remove_source(source)
 
     def select(self, names: set[str] | None) -> None:
@@ -292,7 +342,12 @@ class NodesExporter(ServedNodes):
                     log.info("serving shard %d of %d", shard.ordinal, shard.total)
             else:
                 self.health.set(SHARDS, reason)
+            # Nodes this shard now serves that it left unread: read now, unless overtaken.
+            mine = [(read, self._events.get(source, 0))
+                    for source, (node, read) in self._unread.items() if self._owns(node)]  # fmt: skip
         self.wake.set()
+        for read, event in mine:
+            read(event)
 
     def shard_count_unread(self, reason: str | None) -> None:
         """Reading the shard count failed (None: it reads again): the last count is kept."""

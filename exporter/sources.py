@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -45,13 +46,18 @@ class Sink(Protocol):
 # --- a file --------------------------------------------------------------------------------------
 
 
-def read_topology_file(path: Path) -> Topology:
+def read_topology_file(path: Path, wanted: Callable[[str], bool] | None = None) -> Topology:
+    """`wanted`: a shard's; the ConfigMaps of other nodes in a List are left unread."""
     obj = f"topology file {path}"
     try:
         text = read_text(path, MAX_TOPOLOGY_FILE_BYTES)
     except UnreadableFile as e:
         raise TopologyError(obj, "topology", str(e)) from None
-    return parse_document(text, obj)
+    return parse_document(text, obj, wanted)
+
+
+def _wanted(exporter: Sink) -> Callable[[str], bool] | None:
+    return exporter.owns if isinstance(exporter, NodesExporter) else None
 
 
 def _stamp(path: Path) -> tuple[float, int] | None:
@@ -77,7 +83,9 @@ def follow_file(
         if current != seen:
             seen = current
             try:
-                exporter.update(read_topology_file(path), f"topology file {path}")
+                exporter.update(
+                    read_topology_file(path, _wanted(exporter)), f"topology file {path}"
+                )
             except TopologyError as e:
                 exporter.rejected(e)
         stop.wait(interval)
@@ -89,7 +97,7 @@ def file_source(path: Path, exporter: Sink, stop: threading.Event) -> threading.
     from the stamp taken before that read: it reads the file again only if it changed since
     (5,000 nodes' file takes seconds to read)."""
     seen = _stamp(path)
-    exporter.update(read_topology_file(path), f"topology file {path}")
+    exporter.update(read_topology_file(path, _wanted(exporter)), f"topology file {path}")
     return threading.Thread(target=follow_file, args=(path, exporter, stop, 1.0, seen),
                             daemon=True)  # fmt: skip
 
@@ -162,13 +170,17 @@ def watch_node_configmaps(
         labels = (cm.get("metadata") or {}).get("labels") or {}
         return bool(labels.get(contract.LABEL_NODE_TOPOLOGY) == "true")
 
-    def apply(cm: Obj) -> None:
+    def apply(cm: Obj, after: int | None = None) -> None:
         name = _name(cm)
         obj = f"ConfigMap {namespace}/{name}"
+        node = contract.configmap_node(cm)  # its first lines: not read if another shard's
+        if node is not None and not exporter.owns(node):
+            exporter.unread(name, node, lambda event: apply(cm, event))
+            return
         try:
-            exporter.update_source(name, contract.configmap_topology(cm, obj), obj)
+            exporter.update_source(name, contract.configmap_topology(cm, obj), obj, after)
         except TopologyError as e:
-            exporter.source_problem(name, f"{e}; serving its last good topology", e)
+            exporter.source_problem(name, f"{e}; serving its last good topology", e, after)
 
     def on_reset(items: list[Obj]) -> None:
         mine = [cm for cm in items if ours(cm)]

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import yaml
 
+from common import blockyaml
 from common.text import one_line
 from common.yamlload import load_document
 from topology.errors import TopologyError
@@ -144,9 +145,34 @@ def configmap_topology(cm: Mapping[str, Any], obj: str) -> Topology:
     return from_dict(doc, obj)
 
 
-def parse_document(text: str, obj: str) -> Topology:
+# The first lines of a one-node `topology.yml` as the updater writes it; another line indented
+# as a node's name is another node (or something else at that level): then it is read whole.
+_ONE_NODE = re.compile(r"mig-strategy: (?:none|single|mixed)\nnodes:\n  ([^ \n][^\n]*):\n")
+_NODE_LEVEL = re.compile(r"\n  [^ \n]")
+
+
+def peek_node(text: str) -> str | None:
+    """The one node a per-node `topology.yml` describes, read from its first lines without
+    reading the rest; None when the text is not in the form the updater writes (or names more
+    than one node): only reading it whole says then."""
+    m = _ONE_NODE.match(text)
+    if m is None or _NODE_LEVEL.search(text, m.end() - 1):
+        return None
+    name = blockyaml.scalar(m[1])
+    return name if isinstance(name, str) else None
+
+
+def configmap_node(cm: Mapping[str, Any]) -> str | None:
+    """`peek_node` of a ConfigMap's `topology.yml`."""
+    data = cm.get("data")
+    text = data.get(DATA_KEY) if isinstance(data, Mapping) else None
+    return peek_node(text) if isinstance(text, str) else None
+
+
+def parse_document(text: str, obj: str, wanted: Callable[[str], bool] | None = None) -> Topology:
     """What `render` prints (a ConfigMap, or a `kind: List` of per-node ones) or a bare
-    `topology.yml`. A List gives one topology with the nodes of all its ConfigMaps."""
+    `topology.yml`. A List gives one topology with the nodes of all its ConfigMaps; with
+    `wanted`, a ConfigMap whose one node it does not want is left unread (a shard's)."""
     try:
         doc: Any = load_document(text)
     except yaml.YAMLError as e:
@@ -154,24 +180,31 @@ def parse_document(text: str, obj: str) -> Topology:
     if isinstance(doc, Mapping) and doc.get("kind") == "ConfigMap":
         return configmap_topology(doc, obj)
     if isinstance(doc, Mapping) and doc.get("kind") == "List":
-        return _merged(doc.get("items"), obj)
+        return _merged(doc.get("items"), obj, wanted)
     return from_dict(doc, obj)
 
 
-def _merged(items: object, obj: str) -> Topology:
+def _merged(items: object, obj: str, wanted: Callable[[str], bool] | None) -> Topology:
     if not isinstance(items, list):
         raise TopologyError(obj, "items", "expected a list of ConfigMaps")
     nodes: dict[str, Any] = {}
     invalid: dict[str, TopologyError] = {}
     strategy = "none"
+    unread: set[str] = set()  # nodes not wanted, whose ConfigMaps were left unread
+    first = True
     for i, cm in enumerate(items):
         if not isinstance(cm, Mapping) or cm.get("kind") != "ConfigMap":
             raise TopologyError(obj, f"items[{i}]", "expected a ConfigMap")
+        if wanted is not None and (name := configmap_node(cm)) is not None and not wanted(name):
+            if name in nodes or name in invalid or name in unread:
+                raise TopologyError(obj, f"items[{i}]", f"node {name} is in two ConfigMaps")
+            unread.add(name)
+            continue
         part = configmap_topology(cm, f"{obj} items[{i}]")
         for name in (*part.nodes, *part.invalid):
-            if name in nodes or name in invalid:
+            if name in nodes or name in invalid or name in unread:
                 raise TopologyError(obj, f"items[{i}]", f"node {name} is in two ConfigMaps")
         nodes.update(part.nodes)
         invalid.update(part.invalid)
-        strategy = strategy if i else part.mig_strategy
+        strategy, first = part.mig_strategy if first else strategy, False
     return Topology(mig_strategy=strategy, nodes=nodes, invalid=invalid)

@@ -23,6 +23,7 @@ import pytest
 
 from exporter import dcgm, sources
 from exporter.many import NodesExporter
+from exporter.shards import Shard, shard_of
 from exporter.sources import watch_node_configmaps, watch_selected_nodes
 from kube import api
 from tests.exporter.test_exporter import MIG
@@ -249,3 +250,33 @@ def test_the_first_list_of_configmaps_is_read_with_its_progress_said(
     said = [r.getMessage() for r in caplog.records]
     assert "reading 3 topology ConfigMaps" in said
     assert any(m.startswith("read 3 topology ConfigMaps in ") for m in said), said
+
+
+def test_a_shard_watching_the_configmaps_leaves_other_shards_nodes_unread() -> None:
+    """Another shard's node's ConfigMap is not read, however broken; a new shard count that
+    makes it this shard's reads it then."""
+    names = [f"kwok-{i}" for i in range(8)]
+    mine = {n for n in names if shard_of(n, 2) == 0}
+    other = sorted(set(names) - mine)[0]
+    many = NodesExporter(dcgm.Options("h"), Published(), shard=Shard(0, 2))
+    stop = threading.Event()
+    with KubeAPI.start() as kube, kube.api_client() as client:
+        for name in names:
+            if name == other:  # broken past its first lines
+                text = f"mig-strategy: mixed\nnodes:\n  {name}:\n    gpus: [\n"
+                kube.create("configmaps", node_configmap(name, text, NS, None), namespace=NS)
+            else:
+                add_configmap(kube, name)
+        watch = threading.Thread(target=watch_node_configmaps, args=(many, stop, client, NS),
+                                 daemon=True)  # fmt: skip
+        watch.start()
+        try:
+            eventually(lambda: many.snapshot().healthy and served(many) == mine, timeout=15)
+            many.reshard(Shard(0, 1))
+            snap = many.snapshot()
+            assert not snap.healthy and other in snap.reason and "not valid YAML" in snap.reason
+            assert served(many) == set(names) - {other}
+        finally:
+            stop.set()
+            kube.cut_watches()
+            watch.join(10)

@@ -27,11 +27,12 @@ from status_updater.state import ClusterState
 from tests.deploy.test_deploy import bound_rules, render
 from tests.exporter.test_exporter import MIG, whole_gpu
 from tests.exporter.test_many import doc
-from tests.support.base import SAMPLES
+from tests.support.base import SAMPLES, run_cli
 from tests.support.kubeapi import KubeAPI, eventually
 from tests.support.promtext import parse
 from tests.support.rbac import allowed, request_of
-from topology.model import NodeTopology
+from topology.configmap import node_configmap
+from topology.model import NodeTopology, Topology, dump_yaml
 from web.server import Gzipped, MetricsServer, Published, Snapshot, accepts_gzip
 
 NAMES = [f"kwok-node-{i}" for i in range(24)]
@@ -373,3 +374,58 @@ def test_pages_hold_no_text_and_values_are_not_followed_by_the_collector() -> No
     series = next(iter(snap.pages.values()))
     assert isinstance(series, dcgm.NodeSeries)
     assert not any(gc.is_tracked(v) for v in series._values)
+
+
+@freeze_time("2026-11-22 10:00:00")
+def test_a_shard_leaves_other_shards_nodes_unread_and_reads_them_when_they_become_its_own() -> None:
+    many = NodesExporter(OPTIONS, Published(), shard=Shard(0, 2))
+    mine, other = (next(n for n in NAMES if shard_of(n, 2) == k) for k in (0, 1))
+    reads: list[int] = []
+
+    def read(event: int) -> None:
+        reads.append(event)
+        many.update_source(f"topology-{other}", doc(other, MIG), other, event)
+
+    assert many.owns(mine) and not many.owns(other)
+    many.update_source(f"topology-{mine}", doc(mine, MIG), mine)
+    many.unread(f"topology-{other}", other, read)
+    assert set(many.snapshot().pages) == {mine} and reads == []
+    many.reshard(Shard(0, 1))  # one shard now: every node is this one's
+    assert reads == [1] and set(many.snapshot().pages) == {mine, other}
+
+
+@freeze_time("2026-11-22 10:00:00")
+def test_a_late_read_of_an_unread_source_never_overtakes_a_newer_one() -> None:
+    """A new shard count reads what was left unread while the watch goes on: the watch's newer
+    version of the same ConfigMap wins, whichever comes first."""
+    many = NodesExporter(OPTIONS, Published(), shard=Shard(0, 2))
+    other = next(n for n in NAMES if shard_of(n, 2) == 1)
+    source = f"topology-{other}"
+    many.unread(source, other, lambda event: None)  # event 1
+    many.reshard(Shard(0, 1))
+    newer = doc(other, whole_gpu(50, 50))
+    many.update_source(source, newer, other)  # the watch's, event 2
+    many.update_source(source, doc(other, MIG), other, after=1)  # the late read of event 1
+    many.source_problem(source, "stale", after=1)
+    snap = many.snapshot()
+    assert snap.healthy and b"GPU_I_PROFILE" not in b"".join(snap.pages[other].page())
+    many.remove_source(source)
+    many.update_source(source, newer, other, after=2)  # gone since: not brought back
+    assert other not in many.snapshot().pages
+
+
+def test_a_sharded_exporter_never_reads_other_shards_nodes_from_a_file(tmp_path: Path) -> None:
+    """Their ConfigMaps in the file are left unread: broken ones are the other shard's to say."""
+    mine, other = (next(n for n in NAMES if shard_of(n, 2) == k) for k in (0, 1))
+    (node,) = MIG.nodes.values()
+    items = [node_configmap(mine, dump_yaml(Topology("mixed", {mine: node})), "ns", None),
+             node_configmap(other, f"mig-strategy: mixed\nnodes:\n  {other}:\n    gpus: [\n",
+                            "ns", None)]  # fmt: skip
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
+    for shard, expected in ((["--shard", "0"], 0), (["--shard", "1"], 2)):
+        done = run_cli("exporter", "--all-nodes", "--topology-file", str(path), "--once",
+                       "--total-shards", "2", *shard)  # fmt: skip
+        assert done.returncode == expected, done.stderr
+        if expected == 0:
+            assert hostnames(done.stdout.encode()) == {mine}

@@ -10,9 +10,17 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from common import blockyaml
+from tests.support.base import SAMPLES
+from tests.topology.test_topology_model import topologies
 from topology import configmap as contract
+from topology import yamltext
 from topology.errors import TopologyError
-from topology.model import dump_yaml, load_yaml
+from topology.model import Topology, dump_yaml, load_yaml
+
+SAMPLE_TOPOLOGY = yaml.safe_load((SAMPLES / "topology" / "a100-40gb-active.yaml").read_text())[
+    "data"
+]["topology.yml"]
 
 SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
@@ -91,3 +99,60 @@ def test_a_list_of_configmaps_is_one_topology_and_a_node_twice_is_an_error() -> 
     assert (empty.mig_strategy, empty.nodes) == ("none", {})
     with pytest.raises(TopologyError, match=r"f: items\[1\]: node a is in two ConfigMaps"):
         contract.parse_document(listed("a", "a"), "f")
+
+
+@given(topologies)
+def test_the_node_peeked_from_a_document_is_the_one_it_holds(topology: Topology) -> None:
+    """A shard leaves other nodes' ConfigMaps unread, judged by their first lines: whenever the
+    peek names a node, reading the document whole gives that node alone; and the peek names it
+    for every one-node document the updater writes (in the fast reader's subset)."""
+    text = dump_yaml(topology)
+    peeked = contract.peek_node(text)
+    if peeked is not None:
+        whole = load_yaml(text)
+        assert set(whole.nodes) | set(whole.invalid) == {peeked}
+    elif len(topology.nodes) == 1 and not blockyaml._OUTSIDE.search(text):
+        (name,) = topology.nodes
+        key = yamltext.scalar(name)  # a key it cannot read, or one written `? key`
+        assert len(key) > yamltext.MAX_IMPLICIT_KEY or blockyaml.scalar(key) != name, text
+
+
+_PEEK_EDITS = st.sampled_from(["\n", "  ", "  b:\n", "\n  c:", ":", "'", "#", " ", "x"])
+
+
+@given(topologies, st.lists(st.tuples(st.integers(0, 400), st.integers(0, 2), _PEEK_EDITS),
+                            max_size=3))  # fmt: skip
+def test_a_peek_at_any_edited_document_never_misses_a_node(
+    topology: Topology, edits: list[tuple[int, int, str]]
+) -> None:
+    text = dump_yaml(topology)
+    for at, cut, insert in edits:
+        at %= len(text) + 1
+        text = text[:at] + insert + text[at + cut :]
+    peeked = contract.peek_node(text)
+    if peeked is None:
+        return
+    try:
+        whole = load_yaml(text)
+    except TopologyError:
+        return  # unreadable whole: the shard that serves the node says so
+    assert set(whole.nodes) | set(whole.invalid) == {peeked}, text
+
+
+def test_a_shard_leaves_other_nodes_configmaps_in_a_list_unread() -> None:
+    """Their documents are not even read: broken ones are the other shard's to report. A node
+    twice is still an error, wanted or not."""
+    good = load_yaml(SAMPLE_TOPOLOGY)
+    (node,) = good.nodes.values()
+    items = [contract.node_configmap(name, dump_yaml(Topology("mixed", {name: node})), "ns", None)
+             for name in ("a", "b")]  # fmt: skip
+    items.append(contract.node_configmap(
+        "c", "mig-strategy: mixed\nnodes:\n  c:\n    gpu-count: [unclosed\n", "ns", None))  # fmt: skip
+    text = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items})
+    read = contract.parse_document(text, "f", wanted=lambda name: name != "c")
+    assert set(read.nodes) == {"a", "b"} and not read.invalid
+    with pytest.raises(TopologyError, match="not valid YAML"):
+        contract.parse_document(text, "f")
+    twice = yaml.safe_dump({"kind": "List", "items": [*items, items[2]]})
+    with pytest.raises(TopologyError, match="node c is in two ConfigMaps"):
+        contract.parse_document(twice, "f", wanted=lambda name: name != "c")
