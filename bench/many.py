@@ -89,20 +89,33 @@ class Exporter:
     def rss(self) -> float:
         return rss_mib(self.proc.pid)
 
+    def ready(self) -> bool:
+        """Whether `/health` says 200: every node read and served."""
+        if self.proc.poll() is not None:
+            raise SystemExit(f"exporter exited {self.proc.returncode}: see {self.log}")
+        return fetch(f"{self.url}/health")[0] == 200
+
     def wait_ready(self, timeout: float) -> float:
-        """Seconds from exec until `/health` says 200: every node read and rendered."""
-        deadline = self.started + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"exporter exited {self.proc.returncode}: see {self.log}")
-            if fetch(f"{self.url}/health")[0] == 200:
-                return time.monotonic() - self.started
-            time.sleep(0.1)
-        raise SystemExit(f"exporter not ready after {timeout:g} s: see {self.log}")
+        """Seconds from exec until `/health` says 200."""
+        return wait_all([self], timeout)[0]
 
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(30)
+
+
+def wait_all(procs: list[Exporter], timeout: float) -> list[float]:
+    """Seconds from each one's exec until its `/health` says 200, all looked at in turn."""
+    took: dict[int, float] = {}
+    deadline = time.monotonic() + timeout
+    while len(took) < len(procs):
+        for i, p in enumerate(procs):
+            if i not in took and p.ready():
+                took[i] = time.monotonic() - p.started
+        if time.monotonic() > deadline:
+            raise SystemExit(f"exporters not ready after {timeout:g} s: see {procs[0].log}")
+        time.sleep(0.05)
+    return [took[i] for i in range(len(procs))]
 
 
 def rss_mib(pid: int) -> float:
@@ -273,7 +286,7 @@ def shards(topology: Path, names: list[str], args: argparse.Namespace, work: Pat
     total = args.shards
     flag_sets = [["--total-shards", str(total), "--shard", str(n)] for n in range(total)]
     with exporters(ROOT, topology, work, "shard", flag_sets) as procs:
-        starts = [p.wait_ready(args.timeout) for p in procs]
+        starts = wait_all(procs, args.timeout)
         rss = [p.rss() for p in procs]
         steps, most = hold(procs, args.hold)
         served = {name: 0 for name in names}
