@@ -14,6 +14,7 @@ from freezegun import freeze_time
 
 from exporter import cli, dcgm
 from exporter import loop as loop_module
+from exporter import many as many_module
 from exporter.fields import Counters, parse_counters
 from exporter.many import NodesExporter
 from tests.exporter.test_exporter import MIG, whole_gpu
@@ -376,3 +377,27 @@ def test_a_command_that_ends_before_serving_leaves_the_collector_running(tmp_pat
     (the command may be called in a process that goes on: a test, an embedding program)."""
     assert cli.main(["--all-nodes", "--topology-file", str(tmp_path / "none.yaml")]) == 2
     assert gc.isenabled()
+
+
+def test_a_step_is_made_a_slice_at_a_time_and_a_new_node_at_once(rendered: list[str]) -> None:
+    """Between slices the loop pauses and scrapes run (a whole step of 5,000 nodes kept them
+    waiting for a second); a node not served yet is never left for a later slice (it would
+    answer 404 meanwhile)."""
+    total = many_module.SLICE * 2 + 7
+    with freeze_time("2026-11-22 10:00:00") as clock:
+        many = exporter()
+        for i in range(total):
+            many.update_source(f"topology-{i}", doc(f"n{i}", MIG), f"n{i}")
+        assert len(many.snapshot().pages) == total and len(rendered) == total  # all at once
+        assert many.due_in() > many_module.SLICE_PAUSE_S
+        rendered.clear()
+        clock.tick(dcgm.UTILIZATION_STEP_S)
+        many.snapshot()
+        assert len(rendered) == many_module.SLICE
+        assert many.due_in() == many_module.SLICE_PAUSE_S
+        many.update_source("topology-new", doc("new", MIG), "new")
+        assert "new" in many.snapshot().pages  # with the second slice, not after the third
+        assert len(rendered) == 2 * many_module.SLICE + 1
+        many.snapshot()
+        assert sorted(rendered) == sorted([f"n{i}" for i in range(total)] + ["new"])
+        assert many.due_in() > many_module.SLICE_PAUSE_S
