@@ -9,6 +9,8 @@ move in time) or the next NVML collection, and looks every second at its source 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import threading
 import time
@@ -67,10 +69,22 @@ def settle() -> None:
     node changes, so the cyclic garbage collector is told to stop walking it (`gc.freeze`, after
     a last collection), and runs again if the start paused it (cli). Walking it was a second
     every few collection steps at 5,000 nodes; as nodes change, their old objects are still
-    freed, by their reference counts."""
+    freed, by their reference counts. Then the C heap hands back the pages the read freed."""
     gc.collect()
     gc.freeze()
     gc.enable()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Give the free pages of the C heap back to the system (glibc's `malloc_trim`). The first
+    read frees most of what it allocated (each document's text and parse), but glibc keeps the
+    pages between live objects: a shard that parsed a quarter of 5,000 nodes held 204 MiB
+    instead of 142. Nothing is done where the C library has no such call (musl, macOS)."""
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim(0)
 
 
 def wait_for_work(
