@@ -42,7 +42,7 @@ bench: $(VENV)/.installed
 	$(PY) -m bench.scale --nodes 5000 --gpus 8 --runs 3 --events 2000 --rate 200 --exporter-nodes 1000
 	$(PY) -m bench.events --nodes 5000
 
-# Many-nodes mode at 5,000 nodes (issue 24; about 30 minutes, see BENCHMARKS.md): one exporter beside
+# Many-nodes mode at 5,000 nodes (issue 24; about 20 minutes, see BENCHMARKS.md): one exporter beside
 # the one before per-node targets (a git ref), four shards, and a real Prometheus scraping 2,000
 # node targets for 5 minutes. tests/live/test_bench.py runs it at a tiny size only.
 bench-many: $(VENV)/.installed
