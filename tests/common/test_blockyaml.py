@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from common import blockyaml
 from common.yamlload import SafeLoader, load_document
 from tests.support.base import SAMPLES
-from tests.topology.test_topology_model import topologies
+from tests.topology.test_topology_model import edited, topologies
 from topology.model import Topology, dump_yaml
 
 
@@ -63,10 +63,7 @@ _EDITS = st.sampled_from(
 def test_any_edit_of_a_document_is_read_as_pyyaml_reads_it_or_declined(
     topology: Topology, edits: list[tuple[int, int, str]]
 ) -> None:
-    text = dump_yaml(topology)
-    for at, cut, insert in edits:
-        at %= len(text) + 1
-        text = text[:at] + insert + text[at + cut :]
+    text = edited(topology, edits)
     agrees(text)
 
 

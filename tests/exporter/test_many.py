@@ -6,6 +6,7 @@ import gc
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -304,17 +305,25 @@ def test_once_ready_the_collector_stops_walking_what_the_first_read_built() -> N
     few steps: once the first true snapshot is out, they are frozen (and not before: an empty
     start would freeze nothing worth it)."""
     gc.unfreeze()
-    gc.disable()  # as the command pauses it for the first read
-    many, stop = exporter(), threading.Event()
-    loop = threading.Thread(target=many.run, args=(stop,), daemon=True)
-    loop.start()
-    try:
-        time.sleep(0.3)
+    with collector_paused() as many:
         assert not many.published.snapshot.ready and gc.get_freeze_count() == 0
         assert not gc.isenabled()
         many.update_source("topology-a", doc("a", MIG), "a")
         eventually(lambda: many.published.snapshot.ready, timeout=10)
         eventually(lambda: gc.get_freeze_count() > 0 and gc.isenabled(), timeout=10)
+
+
+@contextmanager
+def collector_paused() -> Iterator[NodesExporter]:
+    """An exporter's render loop running 0.3 s with the collector paused, as the command starts
+    it; afterwards the collector is as it was."""
+    gc.disable()
+    many, stop = exporter(), threading.Event()
+    loop = threading.Thread(target=many.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        time.sleep(0.3)
+        yield many
     finally:
         stop.set()
         many.wake.set()
@@ -327,21 +336,10 @@ def test_the_collector_runs_again_in_time_even_with_nothing_to_serve(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(loop_module, "SETTLE_S", 0.2)
-    gc.disable()
-    many, stop = exporter(), threading.Event()
-    loop = threading.Thread(target=many.run, args=(stop,), daemon=True)
-    loop.start()
-    try:
-        time.sleep(0.3)
+    with collector_paused() as many:
         many.problem("ConfigMaps gpu-operator: HTTP 500")  # wakes the loop, past SETTLE_S
         eventually(gc.isenabled, timeout=5)
         assert not many.published.snapshot.ready
-    finally:
-        stop.set()
-        many.wake.set()
-        loop.join(10)
-        gc.unfreeze()
-        gc.enable()
 
 
 def test_while_the_first_list_is_read_each_node_is_served_once_read_and_health_says_how_many() -> (

@@ -24,11 +24,10 @@ FIGURES = (
 )
 
 
-def test_the_benchmark_prints_every_figure() -> None:
-    args = ["--nodes", "20", "--exporter-nodes", "20", "--runs", "1", "--events", "20"]
-    args += ["--rate", "1000", "--changes", "20", "--scrapes", "5"]
+def bench_lines(module: str, args: list[str], figures: tuple[str, ...]) -> list[str]:
+    """Run a benchmark at a tiny size; its lines, once each figure is seen among them."""
     done = subprocess.run(
-        [sys.executable, "-m", "bench.scale", *args],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -36,22 +35,21 @@ def test_the_benchmark_prints_every_figure() -> None:
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    for figure in FIGURES:
+    for figure in figures:
         assert any(line.startswith(figure) for line in lines), (figure, done.stdout)
+    return lines
+
+
+def test_the_benchmark_prints_every_figure() -> None:
+    args = ["--nodes", "20", "--exporter-nodes", "20", "--runs", "1", "--events", "20"]
+    args += ["--rate", "1000", "--changes", "20", "--scrapes", "5"]
+    bench_lines("bench.scale", args, FIGURES)
 
 
 def test_the_focused_event_benchmark_runs() -> None:
-    args = ["--nodes", "10", "--events", "12"]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.events", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    labels = [line.split(":")[0] for line in done.stdout.splitlines()]
-    assert labels == ["paced 200/s", "paced 200/s again", "unpaced"], done.stdout
+    lines = bench_lines("bench.events", ["--nodes", "10", "--events", "12"], ())
+    labels = [line.split(":")[0] for line in lines]
+    assert labels == ["paced 200/s", "paced 200/s again", "unpaced"], lines
 
 
 MANY = (
@@ -80,18 +78,8 @@ def test_the_many_nodes_benchmark_prints_every_figure() -> None:
     args = ["--nodes", "12", "--gpus", "2", "--runs", "1", "--hold", "3", "--pages", "10"]
     args += ["--shards", "2", "--baseline", "HEAD", "--prometheus-targets", "6"]
     args += ["--prometheus-seconds", "6", "--scrape-interval", "2s"]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.many", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    for figure in MANY:
-        assert any(line.startswith(figure) for line in lines), (figure, done.stdout)
+    lines = bench_lines("bench.many", args, MANY)
     # Not timings: what the shards and Prometheus saw.
-    assert "2 shards serve every node exactly once: yes" in lines, done.stdout
+    assert "2 shards serve every node exactly once: yes" in lines, lines
     assert any(line.startswith("prometheus 6 node targets every 2s") and "6 of 6 up" in line
-               and ", 0 missed or failed" in line for line in lines), done.stdout  # fmt: skip
+               and ", 0 missed or failed" in line for line in lines), lines  # fmt: skip

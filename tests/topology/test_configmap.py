@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from common import blockyaml
 from tests.support.base import SAMPLES
-from tests.topology.test_topology_model import topologies
+from tests.topology.test_topology_model import edited, topologies
 from topology import configmap as contract
 from topology import yamltext
 from topology.errors import TopologyError
@@ -125,10 +125,7 @@ _PEEK_EDITS = st.sampled_from(["\n", "  ", "  b:\n", "\n  c:", ":", "'", "#", " 
 def test_a_peek_at_any_edited_document_never_misses_a_node(
     topology: Topology, edits: list[tuple[int, int, str]]
 ) -> None:
-    text = dump_yaml(topology)
-    for at, cut, insert in edits:
-        at %= len(text) + 1
-        text = text[:at] + insert + text[at + cut :]
+    text = edited(topology, edits)
     peeked = contract.peek_node(text)
     if peeked is None:
         return

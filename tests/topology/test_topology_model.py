@@ -187,6 +187,15 @@ topologies = st.builds(Topology, st.sampled_from(["none", "single", "mixed"]),
                        st.dictionaries(_text, _node, max_size=3))  # fmt: skip
 
 
+def edited(topology: Topology, edits: list[tuple[int, int, str]]) -> str:
+    """The topology's text with each (where, how many characters cut, what inserted) applied."""
+    text = dump_yaml(topology)
+    for at, cut, insert in edits:
+        at %= len(text) + 1
+        text = text[:at] + insert + text[at + cut :]
+    return text
+
+
 @given(topologies)
 def test_the_fast_writer_writes_what_the_generic_one_does(topology: Topology) -> None:
     text = dump_yaml(topology)
