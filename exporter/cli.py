@@ -156,8 +156,12 @@ def _count(text: str) -> int:
 
 def _autoshard(p: argparse.ArgumentParser, args: argparse.Namespace) -> bool:
     """Whether the shard count is its StatefulSet's replicas (--pod and --pod-namespace)."""
-    if not (args.all_nodes and args.pod and args.pod_namespace and args.total_shards is None):
+    if not (args.all_nodes and args.pod_namespace and args.total_shards is None):
         return False
+    # A namespace asks for autosharding: without the pod, every replica would serve every node.
+    # (A pod name alone does not: a Deployment may set POD_NAME for its logs.)
+    if not args.pod:
+        p.error("--pod-namespace goes with --pod (env POD_NAME), the StatefulSet pod to shard by")
     if args.topology_file is not None:
         p.error("--pod and --pod-namespace read the StatefulSet: not with --topology-file")
     if ordinal(args.pod) is None:

@@ -324,6 +324,9 @@ class _InFlight:
 
 
 PAGES = "/metrics/nodes/"  # `/metrics/nodes/<node>`: one node's page (KWOK's layout)
+# The exporter's own series alone: what a replica serving thousands of nodes' pages is scraped
+# for (its shard, its problems), and a readiness probe that does not join the whole body.
+SELF = "/metrics/self"
 HEALTH_PAGES = "/health/nodes/"
 GZIP_LEVEL = 1  # metrics text compresses about 10:1 even so, at a fraction of level 9's CPU
 
@@ -494,7 +497,7 @@ def _handler(
 
         def _serve(self, body: bool) -> None:
             path = target_path(self.path)
-            if path == "/metrics" or (path is not None and path.startswith(PAGES)):
+            if path in ("/metrics", SELF) or (path is not None and path.startswith(PAGES)):
                 assert self.writer.budget is not None  # set before any request is parsed
                 with inflight.sending(self.connection, self.writer.budget) as snap:
                     self._metrics(snap, path, body)
@@ -525,8 +528,8 @@ def _handler(
                 self._send(503, f"{snap.reason}\n".encode(), "text/plain; charset=utf-8", body)
                 return
             gz = accepts_gzip(self.headers.get("Accept-Encoding"))
-            if path == "/metrics":
-                parts = (*snap.body_parts, snap.own)
+            if path in ("/metrics", SELF):
+                parts = (*snap.body_parts, snap.own) if path == "/metrics" else (snap.own,)
                 parts = gzipped.of(parts) if gz else parts
             else:
                 node = unquote(path.removeprefix(PAGES))

@@ -86,7 +86,7 @@ BASE_OBJECTS = {
 }
 ALL_NODES_OBJECTS = BASE_OBJECTS | {(kind, ALL_NODES) for kind in (
     "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
-    "StatefulSet", "Service", "ServiceMonitor")}  # fmt: skip
+    "StatefulSet", "Service", "ServiceMonitor")} | {("ScrapeConfig", "kwok-gpu-nodes")}  # fmt: skip
 UPDATER_DRA = "topology-status-updater-dra"
 EXPECTED_OBJECTS = {
     "per-node": BASE_OBJECTS,
@@ -226,7 +226,7 @@ PROMETHEUSRULE_SCHEMA: dict[str, Any] = _crd_object(
     },
 )
 # ScrapeConfig (monitoring.coreos.com_scrapeconfigs.yaml, v1alpha1): the fields
-# deploy/prometheus/kwok-nodes-scrapeconfig.yaml uses, as the CRD declares them.
+# deploy/all-nodes/scrapeconfig.yaml uses, as the CRD declares them.
 _ROLES = ["Pod", "Endpoints", "Ingress", "Service", "Node", "EndpointSlice"]
 _ACTIONS = [a for name in ("replace", "keep", "drop", "hashmod", "labelmap", "labeldrop",
                            "labelkeep", "lowercase", "uppercase", "keepequal", "dropequal")
@@ -899,7 +899,8 @@ def test_all_nodes_install() -> None:
     env = env_of(container)
     assert env["TOPOLOGY_LAYOUT"]["value"] == "per-node"
     assert "NODE_NAME" not in env
-    assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": PORT_NAME}
+    # Ready as /metrics is, without joining every node's series each time it is asked.
+    assert container["readinessProbe"]["httpGet"] == {"path": "/metrics/self", "port": PORT_NAME}
     # Autosharding: the exporter reads its pod and namespace, and shards by the replicas (no
     # fixed count that scaling would leave behind).
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
@@ -922,6 +923,14 @@ def test_all_nodes_install() -> None:
     sm = find(rendered, "ServiceMonitor", ALL_NODES)
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert [e["honorLabels"] for e in sm["spec"]["endpoints"]] == [False]
+    # The replicas are scraped for their own series (the shard alerts read them), the nodes'
+    # series a target per node at this Service's DNS name: never the whole body.
+    assert [e["path"] for e in sm["spec"]["endpoints"]] == ["/metrics/self"]
+    assert svc["metadata"]["annotations"]["prometheus.io/path"] == "/metrics/self"
+    job = find(rendered, "ScrapeConfig", "kwok-gpu-nodes")["spec"]
+    to = {r["targetLabel"]: r.get("replacement") for r in job["relabelings"]}
+    assert to["__metrics_path__"] == "/metrics/nodes/$1"
+    assert to["__address__"] == f"{ALL_NODES}.{NAMESPACE}.svc:{PORT}"
 
     # RBAC: read the ConfigMaps here, list/watch Nodes (for --node-selector), read its own pod
     # and its StatefulSet (by name), nothing else.

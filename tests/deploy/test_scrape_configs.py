@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import yaml
 from tests.support.base import ROOT
 
 PROMETHEUS = ROOT / "deploy" / "prometheus"
+OPERATOR = ROOT / "deploy" / "all-nodes" / "scrapeconfig.yaml"
 FILES = sorted(p.name for p in PROMETHEUS.glob("*.yml"))
 
 
@@ -36,7 +38,7 @@ def shipped_config(
 
 def test_both_are_shipped() -> None:
     assert FILES == ["kwok-nodes-sharded.yml", "kwok-nodes.yml"]
-    assert (PROMETHEUS / "kwok-nodes-scrapeconfig.yaml").exists()  # the operator's
+    assert OPERATOR.exists()  # the operator's, part of the all-nodes install
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -78,7 +80,17 @@ def operator_job(path: Path) -> dict[str, Any]:
 
 
 def test_the_operator_s_scrape_config_is_the_plain_one() -> None:
-    """deploy/prometheus/kwok-nodes-scrapeconfig.yaml (its schema is checked with the other
-    manifests in test_deploy.py) says to Prometheus what kwok-nodes.yml says."""
+    """deploy/all-nodes/scrapeconfig.yaml (its schema is checked with the other manifests in
+    test_deploy.py) says to Prometheus what kwok-nodes.yml says."""
     plain: dict[str, Any] = yaml.safe_load((PROMETHEUS / "kwok-nodes.yml").read_text())
-    assert operator_job(PROMETHEUS / "kwok-nodes-scrapeconfig.yaml") == plain["scrape_configs"][0]
+    assert operator_job(OPERATOR) == plain["scrape_configs"][0]
+
+
+def test_the_readme_shows_the_shipped_job() -> None:
+    """The job a newcomer copies from the README is the one shipped (its interval aside)."""
+    readme = (ROOT / "README.md").read_text()
+    snippet = readme.split("  ```yaml\n", 1)[1].split("  ```", 1)[0]
+    [shown] = yaml.safe_load(textwrap.dedent(snippet))
+    [shipped] = yaml.safe_load((PROMETHEUS / "kwok-nodes.yml").read_text())["scrape_configs"]
+    del shipped["scrape_interval"]
+    assert shown == shipped

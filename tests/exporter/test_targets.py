@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from freezegun import freeze_time
+from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import cli, dcgm
 from exporter.many import NodesExporter
@@ -164,6 +165,28 @@ def test_a_node_s_page_and_health_over_http_with_and_without_gzip() -> None:
 
 
 @freeze_time("2026-11-22 10:00:00")
+def test_a_replica_s_own_series_alone_for_its_shard_alerts_and_readiness() -> None:
+    """`/metrics/self`: what the install's ServiceMonitor scrapes from each replica (the shard
+    alerts read it) and its readiness probe asks, without the thousands of nodes' series."""
+    many = NodesExporter(OPTIONS, Published(), shard=Shard(1, 2))
+    with server(many) as port:
+        assert fetch(port, "/metrics/self")[0] == 503  # not ready: as /metrics
+        for name in NAMES:
+            many.update_source(f"topology-{name}", doc(name, MIG), f"ConfigMap {name}")
+        many.published.publish(many.snapshot())
+        status, headers, own = fetch(port, "/metrics/self")
+        assert status == 200 and "content-encoding" not in headers
+        values = {s.name: s.value for f in text_string_to_metric_families(own.decode())
+                  for s in f.samples}  # fmt: skip
+        assert (values["mig_exporter_shard_ordinal"], values["mig_exporter_total_shards"]) == (1, 2)
+        assert not any(name.startswith("DCGM_") for name in values)
+        whole = fetch(port, "/metrics")[2]
+        assert whole.endswith(own) and len(whole) > 20 * len(own)
+        status, headers, zipped = fetch(port, "/metrics/self", **{"Accept-Encoding": "gzip"})
+        assert headers["content-encoding"] == "gzip" and gzip.decompress(zipped) == own
+
+
+@freeze_time("2026-11-22 10:00:00")
 def test_while_the_first_list_is_read_a_node_not_read_yet_may_still_come() -> None:
     """Its page and health answer 503 with the progress (Prometheus: up 0, as for a node whose
     exporter starts), not 404; once the list is read, a node not in it is not served here."""
@@ -185,12 +208,18 @@ def test_while_the_first_list_is_read_a_node_not_read_yet_may_still_come() -> No
 def test_shard_flags_are_checked_and_the_ordinal_read_from_the_pod_name(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    for name in ("POD_NAME", "POD_NAMESPACE", "TOTAL_SHARDS", "SHARD"):
+        monkeypatch.delenv(name, raising=False)
     base = ["--topology-file", "x.yaml", "--once"]
     for argv, message in (
         (["--all-nodes", "--shard", "1"], "--shard goes with --total-shards"),
         (["--node-name", "n", "--total-shards", "2"], "--total-shards goes with --all-nodes"),
         (["--all-nodes", "--total-shards", "2", "--shard", "2"], "shard 2 is not one of 2"),
         (["--all-nodes", "--total-shards", "-1"], "expected a whole number, got '-1'"),
+        (
+            ["--all-nodes", "--pod-namespace", "ns"],
+            "--pod-namespace goes with --pod (env POD_NAME)",
+        ),
     ):
         with pytest.raises(SystemExit) as exit_info:
             cli.main([*base, *argv])

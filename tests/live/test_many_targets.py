@@ -92,6 +92,19 @@ def serving(url: str, ports: list[int]) -> dict[str, int] | None:
     return {t["labels"]["node"]: by_port[t["scrapeUrl"].split("/")[2]] for t in found}
 
 
+def owners(ports: list[int]) -> dict[str, list[int]]:
+    """node -> the shards whose replica says it serves it (`/health/nodes/<node>` 200; the
+    others must say 404, not served here), asking every replica for every node."""
+    found: dict[str, list[int]] = {node: [] for node in NODES}
+    for shard, port in enumerate(ports):
+        for node in NODES:
+            status = get(f"http://127.0.0.1:{port}/health/nodes/{node}")[0]
+            assert status in (200, 404), (node, shard, status)
+            if status == 200:
+                found[node].append(shard)
+    return found
+
+
 def test_each_node_is_its_own_target_on_its_shard_and_follows_a_new_shard_count(
     tmp_path: Path,
 ) -> None:
@@ -115,6 +128,8 @@ def test_each_node_is_its_own_target_on_its_shard_and_follows_a_new_shard_count(
         assert {(r["metric"]["instance"], r["metric"]["Hostname"]) for r in per_node} == {
             (n, n) for n in NODES}  # fmt: skip
         assert {r["value"][1] for r in per_node} == {"3"}  # the sample's three instances each
+        # Disjoint, and every node: each is served by exactly the replica Prometheus asks.
+        assert owners(ports) == {node: [shard] for node, shard in first.items()}
 
         # Three shards: the replicas start again with the new count, Prometheus is told (SIGHUP).
         for p in procs:
@@ -128,6 +143,7 @@ def test_each_node_is_its_own_target_on_its_shard_and_follows_a_new_shard_count(
         moved = [n for n in NODES if first[n] != second[n]]
         assert moved  # some nodes changed replica, and each is up where it is now
         eventually(lambda: len(query(url, "up == 1")) == len(NODES), timeout=10)
+        assert owners(ports) == {node: [shard] for node, shard in second.items()}
     finally:
         for p in [*procs, prometheus]:
             p.terminate()
