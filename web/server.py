@@ -337,18 +337,19 @@ def accepts_gzip(header: str | None) -> bool:
         coding, *params = (p.strip().lower() for p in item.split(";"))
         if coding in ("gzip", "x-gzip"):
             q = next((p.removeprefix("q=") for p in params if p.startswith("q=")), "1")
-            try:
-                return float(q) > 0
-            except ValueError:
-                return False
+            return _QVALUE.fullmatch(q) is not None and float(q) > 0
     return False
 
 
+# RFC 9110 §12.4.2: 0 to 1, three decimals at most; anything else (inf, 1e3, 2) takes nothing.
+_QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")
+
+
 class Gzipped:
-    """Bodies compressed once per change, never per scrape. A node's page is one gzip member,
-    made once per page (the same tuple while its node is unchanged); `/metrics` is a member per
-    part (a node's family, a family's header), as its parts are shared with the pages and change
-    one node at a time. Concatenated members are one valid gzip stream (RFC 1952; Go's reader,
+    """Bodies compressed once per publish, never per scrape. A node's page is one gzip member,
+    made once per page (the same object while its node is unchanged); `/metrics` is a member per
+    part (a node's family, a family's header), made by the first scrape after a publish: a
+    publish forgets them, as many nodes' body is joined only when asked, after the publish. Concatenated members are one valid gzip stream (RFC 1952; Go's reader,
     which Prometheus uses, reads them as one).
 
     HTTP threads add members while the publisher's thread drops stale ones (`keep`): the table
@@ -527,7 +528,8 @@ def _handler(
             if not snap.ready:
                 self._send(503, f"{snap.reason}\n".encode(), "text/plain; charset=utf-8", body)
                 return
-            gz = accepts_gzip(self.headers.get("Accept-Encoding"))
+            # Several header lines are one comma-separated list (RFC 9110 §5.3).
+            gz = accepts_gzip(",".join(self.headers.get_all("Accept-Encoding", [])))
             if path in ("/metrics", SELF):
                 parts = (*snap.body_parts, snap.own) if path == "/metrics" else (snap.own,)
                 parts = gzipped.of(parts) if gz else parts

@@ -100,7 +100,8 @@ def test_the_shard_is_prometheus_s_hashmod_of_the_name() -> None:
     ("header", "takes"),
     [("gzip", True), ("gzip, deflate", True), ("deflate, GZIP;q=0.5", True), ("x-gzip", True),
      ("gzip;q=0", False), ("gzip; q=0.000", False), ("identity", False), (None, False),
-     ("gzipped", False), ("gzip;q=nope", False)],
+     ("gzipped", False), ("gzip;q=nope", False), ("gzip;q=inf", False), ("gzip;q=1e3", False),
+     ("gzip;q=2", False), ("gzip;q=1.000", True), ("gzip;q=0.001", True), ("identity,gzip", True)],
 )  # fmt: skip
 def test_accept_encoding_is_read_as_http_says(header: str | None, takes: bool) -> None:
     assert accepts_gzip(header) is takes
@@ -184,6 +185,16 @@ def test_a_replica_s_own_series_alone_for_its_shard_alerts_and_readiness() -> No
         assert whole.endswith(own) and len(whole) > 20 * len(own)
         status, headers, zipped = fetch(port, "/metrics/self", **{"Accept-Encoding": "gzip"})
         assert headers["content-encoding"] == "gzip" and gzip.decompress(zipped) == own
+        # Two Accept-Encoding lines are one list: the second one's gzip counts.
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.putrequest("GET", "/metrics/self", skip_accept_encoding=True)
+        conn.putheader("Accept-Encoding", "identity")
+        conn.putheader("Accept-Encoding", "gzip")
+        conn.endheaders()
+        response = conn.getresponse()
+        assert response.getheader("Content-Encoding") == "gzip"
+        assert gzip.decompress(response.read()) == own
+        conn.close()
 
 
 @freeze_time("2026-11-22 10:00:00")
