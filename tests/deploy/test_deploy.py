@@ -928,9 +928,11 @@ def test_all_nodes_install() -> None:
     assert [e["path"] for e in sm["spec"]["endpoints"]] == ["/metrics/self"]
     assert svc["metadata"]["annotations"]["prometheus.io/path"] == "/metrics/self"
     job = find(rendered, "ScrapeConfig", "kwok-gpu-nodes")["spec"]
-    to = {r["targetLabel"]: r.get("replacement") for r in job["relabelings"]}
-    assert to["__metrics_path__"] == "/metrics/nodes/$1"
-    assert to["__address__"] == f"{ALL_NODES}.{NAMESPACE}.svc:{PORT}"
+    to = {r["targetLabel"]: r for r in job["relabelings"]}
+    assert to["__metrics_path__"]["replacement"] == "/metrics/nodes/$1"
+    # Each node to the replica of its hashmod, among as many as the StatefulSet has.
+    assert to["__tmp_shard"]["modulus"] == sts["spec"]["replicas"]
+    assert to["__address__"]["replacement"] == f"{ALL_NODES}-$1.{ALL_NODES}.{NAMESPACE}.svc:{PORT}"
 
     # RBAC: read the ConfigMaps here, list/watch Nodes (for --node-selector), read its own pod
     # and its StatefulSet (by name), nothing else.

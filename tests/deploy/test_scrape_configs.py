@@ -66,6 +66,7 @@ def operator_job(path: Path) -> dict[str, Any]:
     roles in lower case, its fields in snake case (the fields it uses)."""
     spec = yaml.safe_load(path.read_text())["spec"]
     snake = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    actions = {"HashMod": "hashmod"}
     return {
         "job_name": spec["jobName"],
         "scrape_interval": spec["scrapeInterval"],
@@ -74,16 +75,21 @@ def operator_job(path: Path) -> dict[str, Any]:
              "selectors": [{**s, "role": s["role"].lower()} for s in sd.get("selectors", [])]}
             for sd in spec["kubernetesSDConfigs"]
         ],
-        "relabel_configs": [{snake.get(k, k): v for k, v in r.items()}
-                            for r in spec["relabelings"]],
+        "relabel_configs": [{snake.get(k, k): actions.get(v, v) if k == "action" else v
+                             for k, v in r.items()} for r in spec["relabelings"]],
     }  # fmt: skip
 
 
 def test_the_operator_s_scrape_config_is_the_plain_one() -> None:
     """deploy/all-nodes/scrapeconfig.yaml (its schema is checked with the other manifests in
-    test_deploy.py) says to Prometheus what kwok-nodes.yml says."""
-    plain: dict[str, Any] = yaml.safe_load((PROMETHEUS / "kwok-nodes.yml").read_text())
-    assert operator_job(OPERATOR) == plain["scrape_configs"][0]
+    test_deploy.py) says to Prometheus what kwok-nodes-sharded.yml says, its modulus the
+    install's replicas (as test_deploy.py checks)."""
+    plain: dict[str, Any] = yaml.safe_load((PROMETHEUS / "kwok-nodes-sharded.yml").read_text())
+    [job] = plain["scrape_configs"]
+    for rule in job["relabel_configs"]:
+        if rule.get("action") == "hashmod":
+            rule["modulus"] = 1
+    assert operator_job(OPERATOR) == job
 
 
 def test_the_readme_shows_the_shipped_job() -> None:
