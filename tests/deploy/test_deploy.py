@@ -928,6 +928,9 @@ def test_all_nodes_install() -> None:
     assert [e["path"] for e in sm["spec"]["endpoints"]] == ["/metrics/self"]
     assert svc["metadata"]["annotations"]["prometheus.io/path"] == "/metrics/self"
     job = find(rendered, "ScrapeConfig", "kwok-gpu-nodes")["spec"]
+    # The nodes it finds are the nodes the exporter serves: no node served and never scraped.
+    [sd] = job["kubernetesSDConfigs"]
+    assert [s["label"] for s in sd["selectors"]] == [args[args.index("--node-selector") + 1]]
     to = {r["targetLabel"]: r for r in job["relabelings"]}
     assert to["__metrics_path__"]["replacement"] == "/metrics/nodes/$1"
     # Each node to the replica of its hashmod, among as many as the StatefulSet has.
