@@ -29,9 +29,9 @@ _STR = "tag:yaml.org,2002:str"
 _INT = re.compile(r"0|[1-9][0-9]{0,17}")  # YAML 1.1's decimal form, and no `_`, sign or base
 _PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*")  # nothing a plain scalar must escape
 _QUOTED = re.compile(r"'(?:[ -&(-~]|'')*'")  # printable ASCII: PyYAML refuses some others
-# Only for speed: characters outside the subset anywhere in the text (a literal block's `|`, a double quote, a
-# comment, an anchor, a tab): found in C before anything is split, so PyYAML gets such a text
-# (a List of ConfigMaps) at once. A quoted name holding one goes to PyYAML too, as it may.
+# Only for speed: characters outside the subset anywhere in the text (a literal block's `|`, a
+# double quote, a comment, an anchor, a tab): found in C before anything is split, so PyYAML gets
+# such a text (a List of ConfigMaps) at once. A quoted name holding one goes to PyYAML too, as it may.
 _OUTSIDE = re.compile(r'[|>"&*!#%@`\t\r]')
 MAX_KEY = 1024  # PyYAML's limit on an implicit key's length
 # PyYAML resolves a plain scalar to something other than a string only by its first character

@@ -3,8 +3,9 @@
 Sources (a file, watches) only change state and set `wake`; the loop reads the values in one
 thread and publishes an immutable snapshot that scrapes read, so nothing on the scrape path reads
 YAML, computes a value or calls NVML: at most it writes the text of values already read (many
-nodes' text is too large to keep). Between changes it sleeps until the next collection step (simulated values
-move in time) or the next NVML collection, and looks every second at its source threads.
+nodes' text is too large to keep). Between changes it sleeps until the next collection step
+(simulated values move in time) or the next NVML collection, and looks every second at its
+source threads.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""HTTP endpoint: `/metrics` serves the last snapshot's bytes, `/health` says if they can be trusted.
+"""HTTP endpoint: `/metrics` serves the last snapshot's bytes, `/health` says if they can be
+trusted, `/metrics/self` serves the daemon's own series alone.
 
 A scrape only reads an immutable snapshot; the daemon publishes a new one when what it serves
 changes (its topology, a step of the simulated values, an NVML collection), never per scrape.
@@ -8,8 +9,8 @@ Many nodes' pages are written from the snapshot's values when asked (`Page`).
 has per-node pages (the many-nodes exporter); a client asking for gzip gets bodies compressed
 once per change (`Gzipped`). The server answers those paths to GET and HEAD and nothing else, in
 origin-form (`GET /metrics`) or absolute-form (`GET http://host:9400/metrics`), and bounds what
-a client can make it hold: connections at once, the size of a request's head and the time to send it, the time
-a whole response may take, and the memory that responses still sending old snapshots keep alive.
+a client can make it hold: connections at once, the size of a request's head and the time to
+send it, the time a whole response may take, and the memory that responses still sending old snapshots keep alive.
 Bodies are never read. With a web config (web/config.py) it speaks TLS, checks client
 certificates or basic auth, and adds the configured headers.
 """
@@ -349,8 +350,9 @@ class Gzipped:
     """Bodies compressed once per publish, never per scrape. A node's page is one gzip member,
     made once per page (the same object while its node is unchanged); `/metrics` is a member per
     part (a node's family, a family's header), made by the first scrape after a publish: a
-    publish forgets them, as many nodes' body is joined only when asked, after the publish. Concatenated members are one valid gzip stream (RFC 1952; Go's reader,
-    which Prometheus uses, reads them as one).
+    publish forgets them, as many nodes' body is joined only when asked, after the publish.
+    Concatenated members are one valid gzip stream (RFC 1952; Go's reader, which Prometheus
+    uses, reads them as one).
 
     HTTP threads add members while the publisher's thread drops stale ones (`keep`): the table
     changes under a lock, compressing happens outside it."""
