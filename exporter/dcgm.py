@@ -161,7 +161,7 @@ def _plans(node: NodeTopology, options: Options) -> list[_GpuPlan]:
 
 
 def _read(
-    node: NodeTopology, plans: list[_GpuPlan], options: Options, now: float
+    plans: list[_GpuPlan], options: Options, now: float
 ) -> list[tuple[Reading, list[Reading]]]:
     """Each GPU's reading and its instances' at `now`."""
     energy = (options.energy, options.hostname)
@@ -183,7 +183,7 @@ def _subjects(
     out: list[Subject] = []
     shape: list[tuple[int, int]] = []
     for g, (plan, (reading, per_instance)) in enumerate(
-        zip(plans, _read(node, plans, options, now), strict=True)
+        zip(plans, _read(plans, options, now), strict=True)
     ):
         instances = [
             InstanceSeries(
@@ -258,8 +258,13 @@ def subject_fragments(subjects: Iterable[Subject], counters: Counters) -> dict[s
     """The series lines of `entities`' subjects (simulated or read), per family: a value the
     source does not have (None) has no line."""
     subjects = list(subjects)
-    texts = _label_texts(subjects)
-    values = [r for _, _, r in subjects]
+    return _families(counters, _label_texts(subjects), [r for _, _, r in subjects])
+
+
+def _families(
+    counters: Counters, texts: list[tuple[str, str]], values: list[Reading]
+) -> dict[str, bytes]:
+    """Each family's lines, in the counters' order; a family without a line is left out."""
     return {c.field.name: lines for c in counters.metrics
             if (lines := _family(c.field, texts, values))}  # fmt: skip
 
@@ -306,7 +311,7 @@ class NodeSeries:
         new = object.__new__(NodeSeries)
         new.node, new.options, new.texts = self.node, self.options, self.texts
         new._plans, new._shape, new._parts = self._plans, self._shape, None
-        read = _read(self.node, self._plans, self.options, now)
+        read = _read(self._plans, self.options, now)
         new._values = [tuple(read[g][0] if k < 0 else read[g][1][k]) for g, k in self._shape]
         return new
 
@@ -320,11 +325,7 @@ class NodeSeries:
 
     def _write(self) -> dict[str, bytes]:
         values = [Reading._make(v) for v in self._values]
-        out = {}
-        for counter in self.options.counters.metrics:
-            if lines := _family(counter.field, self.texts, values):
-                out[counter.field.name] = lines
-        return out
+        return _families(self.options.counters, self.texts, values)
 
     def page(self) -> tuple[bytes, ...]:
         """The node's own page, as its exporter would serve it."""

@@ -259,20 +259,23 @@ class NodesExporter(ServedNodes):
     def _event(self, source: str) -> None:
         self._events[source] = self._events.get(source, 0) + 1
 
-    def _stale(self, source: str, after: int | None) -> bool:
-        """Whether a late read (of the source as it was at event `after`) was overtaken."""
-        return after is not None and self._events.get(source) != after
+    def _arrived(self, source: str, after: int | None) -> bool:
+        """A source was read (under `_lock`): False if this is a late read (of the source as it
+        was at event `after`) that a newer event overtook, to be dropped."""
+        if after is not None and self._events.get(source) != after:
+            return False
+        self._event(source)
+        self._unread.pop(source, None)
+        self._read_one()
+        return True
 
     def update_source(
         self, source: str, topology: Topology, obj: str, after: int | None = None
     ) -> None:
         """`after`: this is a late read of the source as it was at that event (see `unread`)."""
         with self._lock:
-            if self._stale(source, after):
+            if not self._arrived(source, after):
                 return
-            self._event(source)
-            self._unread.pop(source, None)
-            self._read_one()
             before = self._sources.get(source, set())
             # A node whose entry is bad stays (with its last good series): it is not gone.
             named = set(topology.nodes) | set(topology.invalid)
@@ -302,11 +305,8 @@ class NodesExporter(ServedNodes):
         after: int | None = None,
     ) -> None:  # fmt: skip
         with self._lock:
-            if self._stale(source, after):
+            if not self._arrived(source, after):
                 return
-            self._event(source)
-            self._unread.pop(source, None)
-            self._read_one()
             self.health.set(source, reason)
             if invalid is not None:
                 self.health.count(source, invalid)

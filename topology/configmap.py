@@ -190,20 +190,23 @@ def _merged(items: object, obj: str, wanted: Callable[[str], bool] | None) -> To
     nodes: dict[str, Any] = {}
     invalid: dict[str, TopologyError] = {}
     strategy = "none"
-    unread: set[str] = set()  # nodes not wanted, whose ConfigMaps were left unread
+    seen: set[str] = set()  # every node named so far, its ConfigMap read or (not wanted) not
+
+    def claim(name: str, i: int) -> None:
+        if name in seen:
+            raise TopologyError(obj, f"items[{i}]", f"node {name} is in two ConfigMaps")
+        seen.add(name)
+
     first = True
     for i, cm in enumerate(items):
         if not isinstance(cm, Mapping) or cm.get("kind") != "ConfigMap":
             raise TopologyError(obj, f"items[{i}]", "expected a ConfigMap")
         if wanted is not None and (name := configmap_node(cm)) is not None and not wanted(name):
-            if name in nodes or name in invalid or name in unread:
-                raise TopologyError(obj, f"items[{i}]", f"node {name} is in two ConfigMaps")
-            unread.add(name)
+            claim(name, i)
             continue
         part = configmap_topology(cm, f"{obj} items[{i}]")
         for name in (*part.nodes, *part.invalid):
-            if name in nodes or name in invalid or name in unread:
-                raise TopologyError(obj, f"items[{i}]", f"node {name} is in two ConfigMaps")
+            claim(name, i)
         nodes.update(part.nodes)
         invalid.update(part.invalid)
         strategy, first = part.mig_strategy if first else strategy, False

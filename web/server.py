@@ -10,7 +10,8 @@ has per-node pages (the many-nodes exporter); a client asking for gzip gets bodi
 once per change (`Gzipped`). The server answers those paths to GET and HEAD and nothing else, in
 origin-form (`GET /metrics`) or absolute-form (`GET http://host:9400/metrics`), and bounds what
 a client can make it hold: connections at once, the size of a request's head and the time to
-send it, the time a whole response may take, and the memory that responses still sending old snapshots keep alive.
+send it, the time a whole response may take, and the memory that responses still sending old
+snapshots keep alive.
 Bodies are never read. With a web config (web/config.py) it speaks TLS, checks client
 certificates or basic auth, and adds the configured headers.
 """
@@ -114,9 +115,14 @@ class Snapshot:
     def body_parts(self) -> tuple[bytes, ...]:
         return self.parts if self.whole is None else self.whole()
 
+    @property
+    def joined(self) -> bool:
+        """Whether the body's parts are there: a `whole` is joined when first asked for."""
+        return self.whole is None or "body_parts" in self.__dict__
+
     def held(self) -> tuple[bytes, ...]:
         """The parts of the body this snapshot holds now (none of a `whole` not asked for)."""
-        return self.__dict__.get("body_parts", self.parts)  # type: ignore[no-any-return]
+        return self.body_parts if self.joined else self.parts
 
     @property
     def size(self) -> int:
@@ -303,7 +309,7 @@ class _InFlight:
             # it replaced, which a scrape may be sending.
             size = (
                 current.size
-                if current.whole is None or "body_parts" in current.__dict__
+                if current.joined
                 else max((s.size for s, _, _ in self._sending), default=0)
             )
             limit = max(self.limits.pinned_bytes, self.limits.pinned_bodies * size)

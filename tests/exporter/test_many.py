@@ -40,9 +40,9 @@ def rendered(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     calls: list[str] = []
     real = dcgm._read
 
-    def spy(node, plans, options, now):  # type: ignore[no-untyped-def]
+    def spy(plans, options, now):  # type: ignore[no-untyped-def]
         calls.append(options.hostname)
-        return real(node, plans, options, now)
+        return real(plans, options, now)
 
     monkeypatch.setattr(dcgm, "_read", spy)
     yield calls
