@@ -34,16 +34,20 @@ from kube.api import (
     Queued,
     describe,
     queued_watch,
+    send_json,
     usable_version,
 )
 from status_updater.controller import Writer
 from status_updater.dra import SELECTED
-from status_updater.resourceslices import SELECTOR, is_ours, node_slices
+from status_updater.resourceslices import API_VERSION, SELECTOR, is_ours, node_slices
 from status_updater.state import ClusterState
 from topology.errors import TopologyError
 from topology.model import NodeTopology
 
 log = logging.getLogger(__name__)
+# A pass writes for at most this long, then lets the ConfigMaps (a claim's placement) be written
+# before it goes on: publishing a whole cluster takes minutes.
+PASS_S = 0.5
 RETRY_S = (1.0, 60.0)  # a pool the API refuses, or a failed pass: again after 1 s, up to 60 s
 
 
@@ -64,14 +68,56 @@ def _map(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def _json(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _said(labels: object, owners: object, spec_text: str) -> str:
+    """The digest of what a slice says, from its spec's JSON (`_json`, its pool's generation 0):
+    the same devices under a newer generation are the same slice."""
+    said = f'{{"labels":{_json(labels)},"owners":{_json(owners)},"spec":{spec_text}}}'
+    return hashlib.sha256(said.encode()).hexdigest()
+
+
 def _digest(obj: Mapping[str, Any]) -> str:
-    """What a slice says, its pool's generation left out: the same devices under a newer
-    generation are the same slice."""
+    """What a slice (as the API shows it) says: `_said`."""
     meta = _map(obj.get("metadata"))
     spec = dict(_map(obj.get("spec")))
     spec["pool"] = {**_map(spec.get("pool")), "generation": 0}
-    said = {"labels": meta.get("labels"), "owners": meta.get("ownerReferences"), "spec": spec}
-    return hashlib.sha256(json.dumps(said, sort_keys=True, default=str).encode()).hexdigest()
+    return _said(meta.get("labels"), meta.get("ownerReferences"), _json(spec))
+
+
+_GENERATION_0 = '"pool":{"generation":0,'
+
+
+@dataclass(frozen=True)
+class _Text:
+    """One slice to write, as JSON made once: its digest, and its body under any generation."""
+
+    name: str
+    node: str
+    meta: str
+    spec: str  # generation 0
+    digest: str
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> _Text:
+        meta, spec = body["metadata"], body["spec"]
+        spec_text = _json({**spec, "pool": {**spec["pool"], "generation": 0}})
+        digest = _said(meta.get("labels"), meta.get("ownerReferences"), spec_text)
+        return cls(meta["name"], spec["nodeName"], _json(meta), spec_text, digest)
+
+    def body(self, generation: int, version: str | None) -> bytes:
+        # The spec's keys are sorted: `pool` is the first key named so, after `devices`,
+        # `driver` and `nodeName` (their strings' quotes are escaped).
+        spec = self.spec.replace(_GENERATION_0, f'"pool":{{"generation":{generation},', 1)
+        meta = self.meta
+        if version is not None:
+            meta = f'{meta[:-1]},"resourceVersion":{json.dumps(version)}}}'
+        return (
+            f'{{"apiVersion":"{API_VERSION}","kind":"ResourceSlice",'
+            f'"metadata":{meta},"spec":{spec}}}'
+        ).encode()
 
 
 @dataclass(frozen=True)
@@ -102,17 +148,24 @@ def observe(obj: Mapping[str, Any]) -> tuple[str, Observed | None]:
 
 @dataclass(frozen=True)
 class _Desired:
-    # The slim Node and the devices it was computed from: while both are the same objects, the
-    # slices are not computed again.
+    """What a node's pool should say: its slices' names and digests, never the slices (a H100
+    node's dynamic-MIG slices are 1.6 MB in memory, 8 GB at 5,000 nodes). Kept while the slim
+    Node and the devices it was computed from are the same objects; `texts` only while they are
+    being written."""
+
     node: Mapping[str, Any]
     devices: object
-    slices: tuple[dict[str, Any], ...]
+    names: tuple[str, ...]
     digests: tuple[str, ...]
+    texts: tuple[_Text, ...] = ()
 
 
 class SliceWriter:
-    def __init__(self, api: kubernetes.client.ResourceV1Api, dynamic_mig: bool) -> None:
-        self.api, self.dynamic_mig = api, dynamic_mig
+    def __init__(
+        self, api: kubernetes.client.ResourceV1Api, dynamic_mig: bool, pass_s: float = PASS_S
+    ) -> None:
+        self.api, self.dynamic_mig, self.pass_s = api, dynamic_mig, pass_s
+        self._todo: set[str] = set()  # nodes a pass had no time left for
         self.what = "ResourceSlices"
         self.actual: dict[str, Observed] = {}  # slice name -> what it holds
         self._pools: dict[str, set[str]] = {}  # pool (node) -> its managed slices' names
@@ -143,9 +196,20 @@ class SliceWriter:
                 self._events,
                 wake,
                 stop,
+                transform=self._observe,
                 label_selector=SELECTOR,
             )
         ]
+
+    def _observe(self, obj: Obj) -> tuple[str, Observed | None]:
+        """`observe`, in the watch's thread: only what is kept waits in the queue. The echo of
+        the updater's own write (the version its answer had) is not digested again."""
+        meta = _map(obj.get("metadata"))
+        known = self.actual.get(str(meta.get("name")))
+        version = usable_version(meta.get("resourceVersion"))
+        if known is not None and version is not None and known.version == version:
+            return str(meta.get("name")), known
+        return observe(obj)
 
     def _see(self, name: str, observed: Observed | None) -> None:
         old = self.actual.pop(name, None)
@@ -166,11 +230,11 @@ class SliceWriter:
                 return
             if kind == "RESET":
                 self.actual, self._pools = {}, {}
-                for obj in cast(list[Obj], payload):  # an API ignoring the selector lists all
-                    self._see(*observe(obj))
+                for seen in cast(list[tuple[str, Observed | None]], payload):
+                    self._see(*seen)  # an API ignoring the selector lists all: None for those
                 self._listed = self._relisted = True
                 continue
-            name, observed = observe(cast(Obj, payload))
+            name, observed = cast(tuple[str, Observed | None], payload)
             old = self.actual.get(name)
             if kind == "DELETED":
                 observed = None
@@ -185,7 +249,7 @@ class SliceWriter:
 
     def has_work(self) -> bool:
         due = self._pass_failed[1] and self._pass_failed[0] <= time.monotonic()
-        return bool(self._check or self._relisted or due or self._due())
+        return bool(self._check or self._todo or self._relisted or due or self._due())
 
     def _due(self) -> set[str]:
         now = time.monotonic()
@@ -214,9 +278,14 @@ class SliceWriter:
         else:
             nodes = set(changed) | self._check | self._due()
         self._check = set()
+        self._todo |= nodes
         now = time.monotonic()
+        deadline = now + self.pass_s
         try:
-            for node in sorted(nodes):
+            for node in sorted(self._todo):
+                if time.monotonic() > deadline:
+                    break  # the rest at the next pass, once the ConfigMaps had their turn
+                self._todo.discard(node)
                 if node in self._failed and self._failed[node][0] > now:
                     continue  # refused a moment ago: its turn comes
                 try:
@@ -263,16 +332,23 @@ class SliceWriter:
         try:
             if isinstance(devices, TopologyError):
                 raise devices
-            slices = node_slices(slim, devices, dynamic=self.dynamic_mig)
+            texts = tuple(map(_Text.of, node_slices(slim, devices, dynamic=self.dynamic_mig)))
         except TopologyError as e:
             if self._said.get(node) != str(e):  # once per problem: a node that stays bad is no news
                 log.warning("%s; its ResourceSlices stay as they are", e)
                 self._said[node] = str(e)
             return None
         self._said.pop(node, None)
-        desired = _Desired(slim, devices, tuple(slices), tuple(map(_digest, slices)))
-        self._desired[node] = desired
-        return desired
+        names, digests = tuple(t.name for t in texts), tuple(t.digest for t in texts)
+        self._desired[node] = _Desired(slim, devices, names, digests)
+        return _Desired(slim, devices, names, digests, texts)
+
+    def _texts(self, desired: _Desired) -> tuple[_Text, ...]:
+        """The slices of `desired`, made again where only their digests were kept."""
+        if desired.texts or not desired.names:
+            return desired.texts
+        slim, devices = cast(Obj, desired.node), cast(NodeTopology, desired.devices)
+        return tuple(map(_Text.of, node_slices(slim, devices, dynamic=self.dynamic_mig)))
 
     def _holds(self, name: str, digest: str, generation: int) -> bool:
         current = self.actual.get(name)
@@ -286,10 +362,10 @@ class SliceWriter:
         desired = self._wanted(state, node)
         if desired is None:
             return
-        if not desired.slices:
+        if not desired.names:
             self._desired.pop(node, None)
             self._said.pop(node, None)
-        names = [s["metadata"]["name"] for s in desired.slices]
+        names = list(desired.names)
         if any(n in self._foreign for n in names):
             return
         have = self._pools.get(node, set())
@@ -298,47 +374,40 @@ class SliceWriter:
         unchanged = have == set(names) and all(
             self._holds(n, d, generation) for n, d in zip(names, desired.digests, strict=True)
         )
-        if not unchanged and desired.slices:
-            for body, digest in zip(desired.slices, desired.digests, strict=True):
-                if not self._write(body, digest, newest + 1):
+        if not unchanged and names:
+            for text in self._texts(desired):
+                if not self._write(text, newest + 1):
                     return  # judged again at the next pass
                 self._generations[node] = newest + 1
         for name in sorted(have - set(names)):
             self._delete(name, node)
-        if not desired.slices and not self._pools.get(node):
+        if not names and not self._pools.get(node):
             self._generations.pop(node, None)
 
-    def _write(self, body: dict[str, Any], digest: str, generation: int) -> bool:
+    def _write(self, text: _Text, generation: int) -> bool:
         """Create the slice, or replace it at the version seen. False where it moved since
         (409), went (404) or is someone else's: read again, and judged at the next pass."""
-        name = body["metadata"]["name"]
-        spec = {**body["spec"], "pool": {**body["spec"]["pool"], "generation": generation}}
+        name = text.name
         current = self.actual.get(name)
+        client = self.api.api_client
+        path = "/apis/resource.k8s.io/v1/resourceslices"
         try:
             if current is None:
-                response = self.api.create_resource_slice(
-                    cast(Any, {**body, "spec": spec}),
-                    _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT,
-                )
+                answer = send_json(client, "POST", path, text.body(generation, None))
             else:
-                meta = {**body["metadata"], "resourceVersion": current.version}
-                response = self.api.replace_resource_slice(
-                    name,
-                    cast(Any, {**body, "metadata": meta, "spec": spec}),
-                    _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT,
-                )
+                body = text.body(generation, current.version)
+                answer = send_json(client, "PUT", f"{path}/{name}", body)
         except ApiException as e:
             if e.status not in (404, 409):
                 raise
-            self._reread(name, body["spec"]["nodeName"])
+            self._reread(name, text.node)
             return False
-        answered = json.loads(cast(Any, response).data)
-        _, observed = observe(answered)
+        _, observed = observe(json.loads(answer))
         self._see(name, observed)
-        if observed is not None:
-            self._answers[name] = (digest, observed.digest)
+        if observed is not None and observed.digest != text.digest:
+            self._answers[name] = (text.digest, observed.digest)
+        else:
+            self._answers.pop(name, None)
         self._wrote.append(name)
         return True
 
