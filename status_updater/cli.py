@@ -3,27 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TextIO
 
 import yaml
 
 from common.files import UnreadableFile, read_text
 from common.process import CLUSTER_ENVIRONMENT, not_utf8
 from common.yamlload import SafeDumper
-from kube.api import port
+from kube.api import BURST, QPS, Pace, port
 from status_updater.devices import build_node
 from status_updater.dra import SELECTED, DraOptions, add_dra_arguments, node_slimmer
 from status_updater.inputs import InputError, load_objects
+from status_updater.leader import CLIENT_GO, Timing
 from status_updater.objects import Obj, is_gpu_node, node_name
 from status_updater.reconcile import document
 from status_updater.resourceslices import node_slices
 from status_updater.state import ClusterState
 from topology import configmap as contract
-from topology import migparted
+from topology import migparted, yamltext
 from topology.errors import TopologyError
 from topology.model import NodeTopology, dump_yaml
 from topology.settings import add_layout_argument, topology_name, topology_namespace
@@ -32,7 +34,8 @@ EXIT_OK, EXIT_USAGE = 0, 2
 # Every variable the updater reads: one that is not UTF-8 is refused at the start.
 ENVIRONMENT = (*CLUSTER_ENVIRONMENT, "LEASE_NAME", "POD_NAME", "MIG_PARTED_CONFIG",
                "RESYNC_SECONDS", "METRICS_PORT", "METRICS_ADDRESS", "DRA_NODE_SELECTOR",
-               "DRA_DYNAMIC_MIG")  # fmt: skip
+               "DRA_DYNAMIC_MIG", "KUBE_API_QPS", "KUBE_API_BURST", "LEASE_DURATION_SECONDS",
+               "RENEW_DEADLINE_SECONDS", "RETRY_PERIOD_SECONDS")  # fmt: skip
 
 
 class _LiteralDumper(SafeDumper):  # type: ignore[valid-type,misc]
@@ -83,21 +86,40 @@ def read_layouts(path: str) -> migparted.Layouts:
 
 def dra_slices(
     nodes: Iterable[Obj], layouts: migparted.Layouts | None, dra: DraOptions
-) -> tuple[dict[str, Any], list[str]]:
-    """A List of the ResourceSlices the DRA driver would publish on the GPU nodes `dra` selects,
-    and a line for each node that has none."""
-    items: list[dict[str, Any]] = []
-    problems: list[str] = []
+) -> Iterator[list[dict[str, Any]] | str]:
+    """The ResourceSlices the DRA driver would publish on each GPU node `dra` selects, a node at
+    a time; a line instead for a node that has none."""
     slim_of = node_slimmer(dra)  # as the updater's Node informer keeps them
     for node in sorted(nodes, key=node_name):
         slim = slim_of(node)
         if not is_gpu_node(slim) or not slim.get(SELECTED):
             continue
         try:
-            items += node_slices(slim, build_node(slim, layouts), dynamic=dra.dynamic_mig)
+            yield node_slices(slim, build_node(slim, layouts), dynamic=dra.dynamic_mig)
         except TopologyError as e:
-            problems.append(f"{e}; no ResourceSlices")
-    return {"apiVersion": "v1", "kind": "List", "items": items}, problems
+            yield f"{e}; no ResourceSlices"
+
+
+def write_list(found: Iterable[list[dict[str, Any]] | str], output: str, out: TextIO) -> None:
+    """A List of the items `found` holds, written as they come (a node's slices are the most that
+    is held at once: 1,000 nodes' are 300 MB of text); each line of `found` a warning."""
+    first = True
+    for items in found:
+        if isinstance(items, str):
+            print(f"warning: {items}", file=sys.stderr)
+            continue
+        for item in items:
+            if output == "json":
+                out.write('{"apiVersion":"v1","kind":"List","items":[\n' if first else ",\n")
+                out.write(json.dumps(item, separators=(",", ":")))
+            else:
+                out.write("apiVersion: v1\nkind: List\nitems:\n" if first else "")
+                out.write(yamltext.list_item(item))
+            first = False
+    if output == "json":
+        out.write('{"apiVersion":"v1","kind":"List","items":[]}\n' if first else "\n]}\n")
+    else:
+        out.write("apiVersion: v1\nkind: List\nitems: []\n" if first else "")
 
 
 def render(
@@ -107,6 +129,7 @@ def render(
     mig_parted_config: str | None = None,
     dra: DraOptions | None = None,
     claims: list[str] | None = None,
+    output: str = "yaml",
 ) -> int:
     try:
         layouts = read_layouts(mig_parted_config) if mig_parted_config else None
@@ -122,10 +145,8 @@ def render(
     for line in skipped:
         print(f"warning: {line}", file=sys.stderr)
     if dra is not None:  # --resource-slices: the nodes' devices only, no pods placed
-        found, problems = dra_slices((o for o in objects if o.get("kind") == "Node"), layouts, dra)
-        for line in problems:
-            print(f"warning: {line}", file=sys.stderr)
-        sys.stdout.write(dump_object(found))
+        gpu_nodes = [o for o in objects if o.get("kind") == "Node"]
+        write_list(dra_slices(gpu_nodes, layouts, dra), output, sys.stdout)
         return EXIT_OK
     state = ClusterState.of(
         (o for o in objects if o.get("kind") == "Node"),
@@ -186,6 +207,13 @@ def _render_arguments(r: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print the ResourceSlices the NVIDIA DRA driver would publish on the nodes instead",
     )
+    r.add_argument(
+        "-o",
+        "--output",
+        choices=("yaml", "json"),
+        default="yaml",
+        help="the List's format (default %(default)s)",
+    )
     add_dra_arguments(r)
 
 
@@ -234,7 +262,56 @@ def _run_arguments(live: argparse.ArgumentParser) -> None:
         default=os.environ.get("METRICS_ADDRESS") or "0.0.0.0",
         help="listen address for --metrics-port (env METRICS_ADDRESS, default %(default)s)",
     )
+    live.add_argument(
+        "--kube-api-qps",
+        type=_positive(float),
+        default=os.environ.get("KUBE_API_QPS") or str(QPS),
+        help="requests a second to the API, as client-go's rate limiter paces them "
+        "(env KUBE_API_QPS, default %(default)s)",
+    )
+    live.add_argument(
+        "--kube-api-burst",
+        type=_positive(int),
+        default=os.environ.get("KUBE_API_BURST") or str(BURST),
+        help="requests above --kube-api-qps allowed at once (env KUBE_API_BURST, "
+        "default %(default)s)",
+    )
+    timing = CLIENT_GO
+    live.add_argument(
+        "--lease-duration",
+        type=_seconds,
+        default=os.environ.get("LEASE_DURATION_SECONDS") or f"{timing.lease_duration_s:g}",
+        help="seconds a standby waits after the leader's last renewal before it takes the Lease "
+        "(env LEASE_DURATION_SECONDS, default %(default)s, as client-go)",
+    )
+    live.add_argument(
+        "--renew-deadline",
+        type=_seconds,
+        default=os.environ.get("RENEW_DEADLINE_SECONDS") or f"{timing.renew_deadline_s:g}",
+        help="seconds the leader keeps trying to renew the Lease before it stops writing "
+        "(env RENEW_DEADLINE_SECONDS, default %(default)s)",
+    )
+    live.add_argument(
+        "--retry-period",
+        type=_seconds,
+        default=os.environ.get("RETRY_PERIOD_SECONDS") or f"{timing.retry_period_s:g}",
+        help="seconds between tries to take or renew the Lease "
+        "(env RETRY_PERIOD_SECONDS, default %(default)s)",
+    )
     add_dra_arguments(live)
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not 0 < value <= 1_000_000:
+            raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
+        return value
+
+    return parse
 
 
 def _seconds(text: str) -> float:
@@ -264,10 +341,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "render":
             dra = DraOptions.of(args) if args.resource_slices else None
             return render(
-                args.nodes, args.pods, args.layout, args.mig_parted_config, dra, args.claims
-            )
+                args.nodes, args.pods, args.layout, args.mig_parted_config, dra, args.claims,
+                args.output,
+            )  # fmt: skip
         from status_updater.daemon import run
 
+        timing = Timing(args.lease_duration, args.renew_deadline, args.retry_period)
+        if (problem := timing.problem()) is not None:
+            print(f"error: {problem}", file=sys.stderr)
+            return EXIT_USAGE
         return run(
             args.kubeconfig,
             args.layout,
@@ -277,6 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.mig_parted_config,
             (args.metrics_address, args.metrics_port) if args.metrics_port else None,
             DraOptions.of(args) if args.dra_node_selector is not None else None,
+            Pace(args.kube_api_qps, int(args.kube_api_burst)),
+            timing,
         )
     except KeyboardInterrupt:
         return 130

@@ -9,10 +9,10 @@ import threading
 
 import kubernetes
 
-from kube.api import ConfigError, api_client
+from kube.api import ConfigError, Pace, api_client, paced
 from status_updater.controller import Controller, Writer
 from status_updater.dra import DraOptions
-from status_updater.leader import LeaderElector
+from status_updater.leader import CLIENT_GO, LeaderElector, Timing
 from status_updater.pernode import PerNodeWriter
 from status_updater.single import SingleWriter
 from status_updater.slicewriter import SliceWriter, WithSlices
@@ -33,18 +33,26 @@ def run(
     mig_parted_config: str,
     metrics: tuple[str, int] | None = None,
     dra: DraOptions | None = None,
+    pace: Pace | None = None,
+    timing: Timing = CLIENT_GO,
 ) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         client = api_client(kubeconfig)
+        # The Lease has a client of its own, never paced behind the writes (as
+        # kube-controller-manager's leader election has): it is renewed however busy they are.
+        lease_client = api_client(kubeconfig)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    if pace is not None:
+        paced(client, pace)
     writer, controller, elector = _components(
-        client, layout, lease_name, identity, resync_s, mig_parted_config, dra
-    )
+        client, layout, lease_name, identity, resync_s, mig_parted_config, dra, lease_client,
+        timing,
+    )  # fmt: skip
     stop = threading.Event()
 
     def shutdown(*_: object) -> None:
@@ -92,6 +100,8 @@ def _components(
     resync_s: float,
     mig_parted_config: str,
     dra: DraOptions | None = None,
+    lease_client: kubernetes.client.ApiClient | None = None,
+    timing: Timing = CLIENT_GO,
 ) -> tuple[Writer, Controller, LeaderElector]:
     """The layout's writer (and with DRA on the ResourceSlices'), the controller feeding it, and
     the Lease that says who writes."""
@@ -109,11 +119,12 @@ def _components(
         core, writer, resync_s=resync_s, mig_parted_config=mig_parted_config, dra=dra
     )
     elector = LeaderElector(
-        kubernetes.client.CoordinationV1Api(client),
+        kubernetes.client.CoordinationV1Api(lease_client or client),
         lease_name,
         namespace,
         identity,
         controller.became_leader,
+        timing,
     )
     controller.is_leader = elector.is_leader
     return writer, controller, elector

@@ -9,7 +9,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import kubernetes
@@ -19,12 +21,32 @@ from kube.api import TRANSIENT, describe, usable_version
 from kube.times import parse_time
 
 log = logging.getLogger(__name__)
-LEASE_DURATION_S = 15
-# A leader that has not renewed for RENEW_DEADLINE_S stops writing, well before another replica
-# may take the lease (LEASE_DURATION_S after its last renewal).
-RENEW_DEADLINE_S = 10
-RENEW_EVERY_S = 2
-LEASE_TIMEOUT = (2.0, 3.0)  # connect, read: every lease call ends well inside the deadline
+
+
+@dataclass(frozen=True)
+class Timing:
+    """client-go's leader election timing (its defaults): a leader that has not renewed for
+    `renew_deadline_s` stops writing, well before another replica may take the Lease
+    (`lease_duration_s` after its last renewal); it tries every `retry_period_s`, and a try may
+    take all the time left before the renew deadline, however slowly the API answers."""
+
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+
+    def problem(self) -> str | None:
+        """What client-go refuses (`NewLeaderElector`), as one line; None when usable."""
+        if not self.lease_duration_s > self.renew_deadline_s:
+            return "--lease-duration must be greater than --renew-deadline"
+        if not self.renew_deadline_s > 1.2 * self.retry_period_s:  # client-go's JitterFactor
+            return "--renew-deadline must be greater than 1.2 x --retry-period"
+        if self.retry_period_s <= 0:
+            return "--retry-period must be greater than 0"
+        return None
+
+
+CLIENT_GO = Timing()
+MIN_CALL_S = 0.5  # a call is given at least this long, even just before the deadline
 
 
 def _now() -> dt.datetime:
@@ -43,11 +65,13 @@ class LeaderElector:
         namespace: str,
         identity: str,
         on_change: Callable[[bool], None] = lambda leading: None,
-        duration_s: int = LEASE_DURATION_S,
+        timing: Timing = CLIENT_GO,
     ) -> None:
         self.api, self.name, self.namespace, self.identity = api, name, namespace, identity
         self.on_change = on_change
-        self.duration_s = duration_s
+        self.timing = timing
+        self.duration_s = round(timing.lease_duration_s)
+        self._deadline = 0.0  # monotonic: when the try under way must have ended
         self.leading = threading.Event()
         self._renewed_at: dt.datetime | None = None
         self._lock = threading.Lock()  # one lease call at a time; release waits for a renewal
@@ -56,7 +80,8 @@ class LeaderElector:
     def is_leader(self) -> bool:
         # A leader that could not renew in time must assume another replica is about to take over.
         renewed = self._renewed_at
-        if renewed is not None and _now() - renewed > dt.timedelta(seconds=RENEW_DEADLINE_S):
+        deadline = dt.timedelta(seconds=self.timing.renew_deadline_s)
+        if renewed is not None and _now() - renewed > deadline:
             self._set(False)
         return self.leading.is_set()
 
@@ -92,10 +117,17 @@ class LeaderElector:
             "spec": spec,
         }
 
+    def _timeout(self) -> tuple[float, float]:
+        """(connect, read) for one call of this try: whatever is left before its deadline."""
+        left = max(MIN_CALL_S, self._deadline - time.monotonic())
+        return (left, left)
+
     def try_acquire_or_renew(self) -> bool:
+        if self._deadline <= time.monotonic():  # a try not started by `run` (tests)
+            self._deadline = time.monotonic() + self.timing.renew_deadline_s
         try:
             lease = self.api.read_namespaced_lease(
-                self.name, self.namespace, _request_timeout=LEASE_TIMEOUT
+                self.name, self.namespace, _request_timeout=self._timeout()
             )
         except ApiException as e:
             if e.status != 404:
@@ -104,7 +136,7 @@ class LeaderElector:
                 self.api.create_namespaced_lease(
                     self.namespace,
                     cast(Any, self._body(None, True)),
-                    _request_timeout=LEASE_TIMEOUT,
+                    _request_timeout=self._timeout(),
                 )
             except ApiException as e2:
                 if e2.status == 409:
@@ -124,7 +156,7 @@ class LeaderElector:
                 self.name,
                 self.namespace,
                 self._body(version, holder != self.identity),
-                _request_timeout=LEASE_TIMEOUT,
+                _request_timeout=self._timeout(),
             )
         except ApiException as e:
             if e.status == 409:
@@ -136,6 +168,15 @@ class LeaderElector:
         while not stop.is_set():
             # Taken before asking: the renewal the server records is no older than this.
             started = _now()
+            # A leader's try may last until its renew deadline (client-go's renew loop); a
+            # candidate's until the same span from now.
+            renewed = self._renewed_at
+            base = (
+                time.monotonic() - (started - renewed).total_seconds()
+                if renewed is not None and self.leading.is_set()
+                else time.monotonic()
+            )
+            self._deadline = base + self.timing.renew_deadline_s
             try:
                 with self._lock:
                     if self._released:
@@ -149,7 +190,7 @@ class LeaderElector:
             except Exception as e:  # API trouble, or a malformed Lease: keep trying
                 log.warning("lease %s/%s: %s", self.namespace, self.name, describe(e))
                 self.is_leader()  # drops leadership once the renew deadline has passed
-            stop.wait(RENEW_EVERY_S)
+            stop.wait(self.timing.retry_period_s)
 
     def release(self) -> None:
         """On shutdown: let a standby replica take over at once instead of after the lease runs out.

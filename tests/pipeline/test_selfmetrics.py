@@ -17,6 +17,7 @@ from status_updater import cli as updater_cli
 from status_updater import daemon
 from status_updater.controller import Controller
 from status_updater.dra import DraOptions
+from status_updater.leader import Timing
 from status_updater.objects import slim_node, slim_pod
 from tests.exporter.test_exporter import MIG
 from tests.exporter.test_many import doc
@@ -254,13 +255,16 @@ def test_the_updater_s_documented_defaults_reach_the_daemon(
     the daemon."""
     for name in ("KUBECONFIG", "TOPOLOGY_LAYOUT", "LEASE_NAME", "POD_NAME", "MIG_PARTED_CONFIG",
                  "RESYNC_SECONDS", "METRICS_PORT", "METRICS_ADDRESS", "DRA_NODE_SELECTOR",
-                 "DRA_DYNAMIC_MIG"):  # fmt: skip
+                 "DRA_DYNAMIC_MIG", "KUBE_API_QPS", "KUBE_API_BURST", "LEASE_DURATION_SECONDS",
+                 "RENEW_DEADLINE_SECONDS", "RETRY_PERIOD_SECONDS"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
     given: list[tuple[object, ...]] = []
     monkeypatch.setattr(daemon, "run", lambda *args: given.append(args) or 0)
     assert updater_cli.main(["run"]) == 0
     (args,) = given
-    assert args[1:] == ("per-node", "topology-status-updater", f"{socket.gethostname()}-{os.getpid()}",
+    pace, timing = args[-2:]
+    assert (pace.qps, pace.burst) == (100, 200) and timing == Timing(15, 10, 2)  # client-go's
+    assert args[1:-2] == ("per-node", "topology-status-updater", f"{socket.gethostname()}-{os.getpid()}",
                         30.0, "gpu-operator/default-mig-parted-config", ("0.0.0.0", 9401),
                         None)  # fmt: skip
     monkeypatch.setenv("POD_NAME", "updater-1")
@@ -268,15 +272,18 @@ def test_the_updater_s_documented_defaults_reach_the_daemon(
     monkeypatch.setenv("METRICS_PORT", "0")  # none served
     monkeypatch.setenv("LEASE_NAME", "mine")
     monkeypatch.setenv("DRA_NODE_SELECTOR", "type=kwok")  # DRA on, static MIG
+    monkeypatch.setenv("KUBE_API_QPS", "500")
+    monkeypatch.setenv("RENEW_DEADLINE_SECONDS", "12")
     assert updater_cli.main(["run", "--layout", "single", "--resync", "5"]) == 0
-    assert given[1][1:] == ("single", "mine", "updater-1", 5.0, "ops/layouts", None,
+    assert given[1][-2].qps == 500 and given[1][-1] == Timing(15, 12, 2)
+    assert given[1][1:-2] == ("single", "mine", "updater-1", 5.0, "ops/layouts", None,
                             DraOptions("type=kwok", dynamic_mig=False))  # fmt: skip
     monkeypatch.setenv("DRA_DYNAMIC_MIG", "true")
     assert updater_cli.main(["run", "--dra-node-selector", ""]) == 0  # every GPU node
-    assert given[2][-1] == DraOptions("", dynamic_mig=True)
+    assert given[2][-3] == DraOptions("", dynamic_mig=True)
     monkeypatch.setenv("DRA_NODE_SELECTOR", "")  # empty is unset, as every variable: DRA off
     assert updater_cli.main(["run"]) == 0
-    assert given[3][-1] is None
+    assert given[3][-3] is None
 
 
 def test_the_updater_without_a_command_is_a_usage_error() -> None:

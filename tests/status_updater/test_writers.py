@@ -23,7 +23,7 @@ from kubernetes.client import (
 from kubernetes.client.exceptions import ApiException
 
 from status_updater import leader as leader_module
-from status_updater.leader import RENEW_DEADLINE_S, LeaderElector
+from status_updater.leader import LeaderElector, Timing
 from status_updater.pernode import PerNodeWriter
 from status_updater.reconcile import document
 from status_updater.single import SingleWriter
@@ -281,9 +281,11 @@ class FakeLeases:
     lease: V1Lease | None = None
     fail: bool = False
     patches: list[Any] = field(default_factory=list)
+    timeouts: list[Any] = field(default_factory=list)  # each call's _request_timeout
 
     def read_namespaced_lease(self, name: str, namespace: str, **kw: Any) -> V1Lease:
         assert namespace == NS
+        self.timeouts.append(kw.get("_request_timeout"))
         if self.fail:
             raise ApiException(status=503)
         if self.lease is None or self.lease.metadata.name != name:
@@ -304,6 +306,7 @@ class FakeLeases:
 
     def patch_namespaced_lease(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
         assert namespace == NS and self.lease is not None and self.lease.metadata.name == name
+        self.timeouts.append(kw.get("_request_timeout"))
         self.patches.append(body)
         self.lease.spec = self.lease.spec or V1LeaseSpec()
         self.lease.spec.holder_identity = body["spec"]["holderIdentity"]
@@ -320,11 +323,38 @@ def test_a_leader_that_cannot_renew_steps_down_at_the_deadline() -> None:
         elector._set(True)
         assert elector.is_leader() and changes == [True]
         api.fail = True  # the API goes away: no renewal from now on
-        clock.tick(RENEW_DEADLINE_S - 0.5)
+        clock.tick(Timing().renew_deadline_s - 0.5)
         assert elector.is_leader()  # still within the deadline
         clock.tick(1.0)
         assert not elector.is_leader()  # past it: another replica may take over soon
         assert changes == [True, False]
+
+
+@pytest.mark.parametrize("timing", [Timing(), Timing(60, 40, 5), Timing(4, 3, 1)])
+def test_a_lease_call_may_take_what_is_left_of_the_renew_deadline(timing: Timing) -> None:
+    """As client-go's renew loop: an API answering slowly, but within the renew deadline, never
+    costs the lease; a fixed short timeout (3 s) lost it while the API was busy publishing."""
+    api = FakeLeases()
+    elector = LeaderElector(api, "lease", NS, "me", timing=timing)  # type: ignore[arg-type]
+    with freeze_time("2026-01-01T00:00:00Z") as clock:
+        assert elector.try_acquire_or_renew()
+        api.timeouts.clear()
+        elector._deadline = 0.0  # a new try, started now
+        clock.tick(0.0)
+        assert elector.try_acquire_or_renew()
+        read, patch = api.timeouts
+        assert read == (timing.renew_deadline_s, timing.renew_deadline_s)
+        assert patch[1] == pytest.approx(timing.renew_deadline_s)
+
+
+@pytest.mark.parametrize(
+    ("timing", "problem"),
+    [(Timing(10, 10, 2), "--lease-duration"), (Timing(15, 2, 2), "--renew-deadline"),
+     (Timing(15, 10, 0), "--retry-period"), (Timing(15, 10, 2), None)],
+)  # fmt: skip
+def test_lease_timings_client_go_refuses_are_refused(timing: Timing, problem: str | None) -> None:
+    found = timing.problem()
+    assert (found is None) if problem is None else (found is not None and problem in found)
 
 
 def test_an_expired_lease_is_taken_over_and_a_live_one_is_not() -> None:
@@ -333,7 +363,7 @@ def test_an_expired_lease_is_taken_over_and_a_live_one_is_not() -> None:
         other = LeaderElector(api, "lease", NS, "other")  # type: ignore[arg-type]
         assert other.try_acquire_or_renew()
         me = LeaderElector(api, "lease", NS, "me")  # type: ignore[arg-type]
-        clock.tick(leader_module.LEASE_DURATION_S - 1)
+        clock.tick(Timing().lease_duration_s - 1)
         assert not me.try_acquire_or_renew()  # the holder renewed recently enough
         clock.tick(2)
         assert me.try_acquire_or_renew()

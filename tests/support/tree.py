@@ -1,17 +1,19 @@
-"""Oracles for the topology's text: the schema as a plain tree, and a block-YAML writer.
+"""Oracles for the topology's text: the schema as a plain tree, written by the generic block-YAML
+writer (`yamltext.dump`).
 
 The product writes `topology.yml` straight from the dataclasses (`model.dump_yaml`) for speed;
-these are the slow, obvious forms it is checked against (tests/topology/test_topology_model.py,
-tests/topology/test_yamltext.py). They were product code used only by tests.
+this is the slow, obvious form it is checked against (tests/topology/test_topology_model.py,
+tests/topology/test_yamltext.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from topology.model import DeviceStatus, MigDevice, Topology
-from topology.yamltext import key, scalar
+from topology.yamltext import dump
+
+__all__ = ["dump", "to_dict"]
 
 
 def _status_to_dict(status: DeviceStatus) -> dict[str, Any]:
@@ -77,44 +79,3 @@ def to_dict(topology: Topology) -> dict[str, Any]:
             sharing = {"strategy": node.sharing.strategy, "replicas": node.sharing.replicas}
             nodes[name]["sharing"] = sharing
     return {"mig-strategy": topology.mig_strategy, "nodes": nodes}
-
-
-_SCALARS = frozenset((str, int, bool, type(None)))
-
-
-def _nested(value: object) -> bool:
-    kind = type(value)
-    if kind is dict or kind is list or kind is tuple:  # the common cases first: no ABC checks
-        return len(value) > 0  # type: ignore[arg-type]
-    if kind in _SCALARS:
-        return False
-    return isinstance(value, Mapping | list | tuple) and len(value) > 0
-
-
-def _block(value: Any, indent: str, out: list[str]) -> None:
-    if type(value) is dict or isinstance(value, Mapping):
-        inner = indent + "  "
-        for k, item in value.items():
-            if not _nested(item):
-                out.append(f"{key(k, indent)} {scalar(item)}")
-                continue
-            out.append(key(k, indent))
-            # A list under a key starts at the key's column, as PyYAML writes it.
-            _block(item, indent if type(item) is list or type(item) is tuple else inner, out)
-        return
-    for item in value:
-        if not _nested(item):
-            out.append(f"{indent}- {scalar(item)}")
-            continue
-        start = len(out)
-        _block(item, indent + "  ", out)
-        out[start] = f"{indent}- {out[start][len(indent) + 2 :]}"
-
-
-def dump(data: object) -> str:
-    """`data` as a block-style YAML document."""
-    if not _nested(data):
-        return scalar(data) + "\n"
-    out: list[str] = []
-    _block(data, "", out)
-    return "\n".join(out) + "\n"
