@@ -34,7 +34,8 @@ EXIT_OK, EXIT_USAGE = 0, 2
 # Every variable the updater reads: one that is not UTF-8 is refused at the start.
 ENVIRONMENT = (*CLUSTER_ENVIRONMENT, "LEASE_NAME", "POD_NAME", "MIG_PARTED_CONFIG",
                "RESYNC_SECONDS", "METRICS_PORT", "METRICS_ADDRESS", "DRA_NODE_SELECTOR",
-               "DRA_DYNAMIC_MIG", "KUBE_API_QPS", "KUBE_API_BURST", "LEASE_DURATION_SECONDS",
+               "DRA_DYNAMIC_MIG", "DRA_SLICE_LAYOUT", "DRA_LIST_TYPE_ATTRIBUTES", "KUBE_API_QPS",
+               "KUBE_API_BURST", "LEASE_DURATION_SECONDS",
                "RENEW_DEADLINE_SECONDS", "RETRY_PERIOD_SECONDS")  # fmt: skip
 
 
@@ -94,10 +95,14 @@ def dra_slices(
         slim = slim_of(node)
         if not is_gpu_node(slim) or not slim.get(SELECTED):
             continue
+        warnings: list[TopologyError] = []  # a layout that cannot be applied, as for ConfigMaps
         try:
-            yield node_slices(slim, build_node(slim, layouts), dynamic=dra.dynamic_mig)
+            found = node_slices(slim, build_node(slim, layouts, warnings), **dra.slices())
         except TopologyError as e:
             yield f"{e}; no ResourceSlices"
+            continue
+        yield from map(str, warnings)
+        yield found
 
 
 def write_list(found: Iterable[list[dict[str, Any]] | str], output: str, out: TextIO) -> None:
@@ -130,6 +135,7 @@ def render(
     dra: DraOptions | None = None,
     claims: list[str] | None = None,
     output: str = "yaml",
+    slim: Callable[[Obj], dict[str, Any]] | None = None,
 ) -> int:
     try:
         layouts = read_layouts(mig_parted_config) if mig_parted_config else None
@@ -153,6 +159,7 @@ def render(
         (o for o in objects if o.get("kind") == "Pod"),
         layouts,
         (o for o in objects if o.get("kind") == "ResourceClaim"),
+        slim or node_slimmer(None),
     )
     for w in state.all_warnings():
         print(f"warning: {w}", file=sys.stderr)
@@ -340,9 +347,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "render":
             dra = DraOptions.of(args) if args.resource_slices else None
+            # Claims on the nodes DRA selects are placed as its driver would, with DynamicMIG
+            # where asked.
+            dra_nodes = args.dra_node_selector is not None or args.dra_dynamic_mig
+            slim = node_slimmer(DraOptions.of(args) if dra_nodes else None)
             return render(
                 args.nodes, args.pods, args.layout, args.mig_parted_config, dra, args.claims,
-                args.output,
+                args.output, slim,
             )  # fmt: skip
         from status_updater.daemon import run
 

@@ -113,7 +113,7 @@ def _components(
         else PerNodeWriter(core, namespace)
     )
     if dra is not None:
-        slices = SliceWriter(kubernetes.client.ResourceV1Api(client), dra.dynamic_mig)
+        slices = SliceWriter(kubernetes.client.ResourceV1Api(client), dra)
         writer = WithSlices(writer, slices)
     controller = Controller(
         core, writer, resync_s=resync_s, mig_parted_config=mig_parted_config, dra=dra

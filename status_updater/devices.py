@@ -15,7 +15,9 @@ Ids are uuid5 of node, GPU index (and GI): stable across runs, restarts and repl
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
+from status_updater.dra import DYNAMIC
 from status_updater.dynamic_mig import runai_mig_devices
 from status_updater.objects import (
     QUANTITY,
@@ -79,10 +81,24 @@ def build_node(
             topo = advertised_node(node, advertised, labels, model, product, sharing, found)
         else:
             topo = whole_gpu_node(name, labels, model, product, sharing)
+        if node.get(DYNAMIC) and model is not None:
+            topo = _instances_destroyed(topo, model)
     errors = node_errors(name, topo)
     if errors:
         raise errors[0]
     return topo
+
+
+def _instances_destroyed(topo: NodeTopology, model: GpuModel) -> NodeTopology:
+    """The node as the DRA driver's DynamicMIG leaves it at start: every MIG device it did not
+    make destroyed (a claim's are placed later), and MIG off where no instance is left on a GPU
+    whose MIG mode toggles without a reset; an Ampere GPU keeps MIG on."""
+    off = model.mig_toggles_without_reset
+    gpus = tuple(
+        g if g.mig_devices is None else replace(g, mig_devices=None if off else ())
+        for g in topo.gpus
+    )
+    return replace(topo, gpus=gpus)
 
 
 def node_memory(labels: runai.NodeLabels, model: GpuModel | None, product: str) -> int:

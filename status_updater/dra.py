@@ -12,6 +12,8 @@ from common.process import env_switch
 from kube import selectors
 from status_updater.objects import Obj, metadata, slim_node, strings
 
+SPLIT, COMBINED = "split", "combined"  # the driver's layouts from Kubernetes 1.35, and on 1.34
+
 
 def _selector(text: str) -> str:
     try:
@@ -34,8 +36,24 @@ def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
         "--dra-dynamic-mig",
         action="store_true",
         default=env_switch("DRA_DYNAMIC_MIG"),
-        help="as the driver's DynamicMIG gate: a MIG-enabled GPU offers every profile at every "
-        "placement (env DRA_DYNAMIC_MIG=true)",
+        help="as the driver's DynamicMIG gate: a MIG-capable GPU offers every profile at every "
+        "placement, and the instances of the nodes' layouts are destroyed (env "
+        "DRA_DYNAMIC_MIG=true)",
+    )
+    parser.add_argument(
+        "--dra-slice-layout",
+        choices=(SPLIT, COMBINED),
+        default=os.environ.get("DRA_SLICE_LAYOUT") or SPLIT,
+        help="DynamicMIG's slices as the driver lays them out on Kubernetes 1.35 and later "
+        "(split: the counter sets in slices of their own) or on 1.34 (combined: each GPU's "
+        "slice holds its counter set) (env DRA_SLICE_LAYOUT, default %(default)s)",
+    )
+    parser.add_argument(
+        "--dra-list-type-attributes",
+        action="store_true",
+        default=env_switch("DRA_LIST_TYPE_ATTRIBUTES"),
+        help="as the driver's DRAListTypeAttributes gate: numaNode as a one-element list "
+        "(env DRA_LIST_TYPE_ATTRIBUTES=true)",
     )
 
 
@@ -43,10 +61,22 @@ def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
 class DraOptions:
     selector_text: str  # "" selects every GPU node
     dynamic_mig: bool = False
+    slice_layout: str = SPLIT
+    list_attributes: bool = False
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> DraOptions:
-        return cls(args.dra_node_selector or "", args.dra_dynamic_mig)
+        return cls(
+            args.dra_node_selector or "",
+            args.dra_dynamic_mig,
+            args.dra_slice_layout,
+            args.dra_list_type_attributes,
+        )
+
+    def slices(self) -> dict[str, Any]:
+        """`resourceslices.node_slices`' keywords for these options."""
+        return {"dynamic": self.dynamic_mig, "layout": self.slice_layout,
+                "list_attributes": self.list_attributes}  # fmt: skip
 
     def selector(self) -> selectors.Selector:
         """Whether a node's labels are selected (parsed once: the flag was checked already)."""
@@ -54,6 +84,9 @@ class DraOptions:
 
 
 SELECTED = "dra-selected"  # in a slim node: the DRA selector picks it (its ResourceSlices)
+# In a slim node: its DRA driver runs DynamicMIG, which destroys the MIG devices it did not make
+# at start (`DestroyUnknownMIGDevices`) and makes an instance for each partition a claim is given.
+DYNAMIC = "dra-dynamic-mig"
 
 
 def node_slimmer(options: DraOptions | None) -> Callable[[Obj], dict[str, Any]]:
@@ -68,6 +101,8 @@ def node_slimmer(options: DraOptions | None) -> Callable[[Obj], dict[str, Any]]:
         found = slim_node(node)
         if selects(strings(metadata(node).get("labels"))):
             found[SELECTED] = True
+            if options.dynamic_mig:
+                found[DYNAMIC] = True
         return found
 
     return slim

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from status_updater.devices import build_node
+from status_updater.dra import DYNAMIC
 from status_updater.objects import Obj, is_single_strategy, node_name
 from status_updater.placement import place_pods
 from topology import migparted
@@ -42,7 +43,8 @@ def reconcile_node(
         devices, found = built
         warnings += found
     single = is_single_strategy(node)
-    result = place_pods(node_name(node), devices, pods, warnings, single, previous)
+    dynamic = bool(node.get(DYNAMIC))
+    result = place_pods(node_name(node), devices, pods, warnings, single, previous, dynamic)
     return result, warnings
 
 

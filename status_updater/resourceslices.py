@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from status_updater.dra import COMBINED, SPLIT
 from status_updater.objects import Obj, metadata, node_name, node_uid, strings
 from topology import dra
 from topology.catalog import Engines, GpuModel, Profile, model_for_product, nvml_model_name
@@ -36,7 +37,8 @@ from topology.errors import TopologyError
 from topology.model import Gpu, NodeTopology
 
 API_VERSION = "resource.k8s.io/v1"
-MAX_DEVICES = 64  # per slice whose devices consume counters (128 otherwise)
+MAX_DEVICES = 64  # per slice whose devices consume counters
+MAX_PLAIN_DEVICES = 128  # per slice otherwise
 MAX_COUNTER_SETS = 8  # per slice
 SELECTOR = f"{LABEL_MANAGED_BY}={MANAGER}"  # the slices the updater writes, and only those
 
@@ -96,12 +98,22 @@ def _common(node: Obj, topology: NodeTopology, model: GpuModel | None) -> dict[s
             "version": _label_version(labels, dra.LABEL_DRIVER, dra.DEFAULT_DRIVER, obj)
         },
         "productName": {"string": nvml_model_name(topology.gpu_product)},
+        # What NVML says of a x86 host's kernel with HMM, as the driver's docs show it.
+        "addressingMode": {"string": "HMM"},
     }
 
 
-def _parent(index: int, gpu: Gpu, common: dict[str, Any]) -> _Parent:
-    bus = {"resource.kubernetes.io/pciBusID": {"string": dra.resource_pci_bus_id(index)}}
-    return _Parent(index, gpu.id, {**common, **bus})
+def _parent(index: int, gpu: Gpu, common: dict[str, Any], list_attributes: bool) -> _Parent:
+    """The GPU's attributes, its place on the simulated host's PCIe tree among them (a MIG
+    device carries its parent's): `pciBusID`, its root complex `pcieRoot` and `numaNode`, a
+    one-element list under the driver's `DRAListTypeAttributes` gate."""
+    numa = dra.numa_node(index)
+    host = {
+        "resource.kubernetes.io/numaNode": {"ints": [numa]} if list_attributes else {"int": numa},
+        "resource.kubernetes.io/pciBusID": {"string": dra.resource_pci_bus_id(index)},
+        "resource.kubernetes.io/pcieRoot": {"string": dra.pcie_root(index)},
+    }
+    return _Parent(index, gpu.id, {**common, **host})
 
 
 def _capacities(profile: Profile) -> dict[str, int]:
@@ -200,7 +212,7 @@ def _dynamic_devices(
     parent: _Parent, model: GpuModel, maxima: Mapping[str, int], everything: Mapping[str, int]
 ) -> Iterator[dict[str, Any]]:
     """Every partition of the GPU; `maxima` and `everything`, its whole's capacity and counters."""
-    if model.architecture != "Ampere":  # Hopper and newer can be handed out whole with MIG on
+    if model.mig_toggles_without_reset:  # handed out whole too, MIG on or off
         whole = _whole(parent, 0)
         whole["capacity"] = _values(maxima)
         whole["consumesCounters"] = [
@@ -218,8 +230,48 @@ def slice_name(node: str, index: int) -> str:
     return node_object_name(f"{index:05x}-{dra.DRIVER}-", node)
 
 
+def _counter_set(parent: _Parent, everything: Mapping[str, int]) -> dict[str, Any]:
+    return {"name": dra.counter_set(parent.index), "counters": _values(everything)}
+
+
+def _dynamic_specs(
+    parents: list[_Parent], topology: NodeTopology, model: GpuModel, layout: str
+) -> list[dict[str, Any]]:
+    """The driver's DynamicMIG slices of a node with a MIG-capable GPU: per GPU, its devices and
+    counter set where it is dynamic-MIG capable (MIG toggles without a reset, or MIG is on),
+    else the whole GPU; split (every counter set first, in slices of at most 8, one even when
+    empty, then a slice per GPU) or combined (a slice per GPU with its own counter set)."""
+    maxima = _maxima(model)
+    everything = _counters(maxima, 0, model.memory_slots)  # a GPU's counter set
+    per_gpu: list[tuple[list[dict[str, Any]], dict[str, Any] | None]] = []
+    for parent, gpu in zip(parents, topology.gpus, strict=True):
+        if gpu.mig_devices is None and not model.mig_toggles_without_reset:
+            per_gpu.append(([_whole(parent, topology.gpu_memory)], None))
+            continue
+        partitions = _dynamic_devices(parent, model, maxima, everything)
+        devices = sorted(partitions, key=lambda d: str(d["name"]))
+        per_gpu.append((devices, _counter_set(parent, everything)))
+    if layout == COMBINED:
+        return [
+            {"devices": devices, **({"sharedCounters": [counters]} if counters else {})}
+            for devices, counters in per_gpu
+        ]
+    sets = [counters for _, counters in per_gpu if counters is not None]
+    specs: list[dict[str, Any]] = [
+        {"sharedCounters": sets[i : i + MAX_COUNTER_SETS]}
+        for i in range(0, len(sets), MAX_COUNTER_SETS)
+    ] or [{}]
+    return specs + [{"devices": devices} for devices, _ in per_gpu]
+
+
 def node_slices(
-    node: Obj, topology: NodeTopology, *, dynamic: bool = False, generation: int = 1
+    node: Obj,
+    topology: NodeTopology,
+    *,
+    dynamic: bool = False,
+    generation: int = 1,
+    layout: str = SPLIT,
+    list_attributes: bool = False,
 ) -> list[dict[str, Any]]:
     """The node's ResourceSlices. Raises TopologyError (naming the node) when a MIG device's
     profile has no capacities in the catalog."""
@@ -227,33 +279,22 @@ def node_slices(
     obj = f"node {name}"
     model = model_for_product(topology.gpu_product)
     common = _common(node, topology, model)
-    parents = [_parent(i, gpu, common) for i, gpu in enumerate(topology.gpus)]
-    counter_sets: list[dict[str, Any]] = []
-    groups: list[list[dict[str, Any]]] = []
+    parents = [_parent(i, gpu, common, list_attributes) for i, gpu in enumerate(topology.gpus)]
+    specs: list[dict[str, Any]]
     if dynamic and model is not None:
-        maxima = _maxima(model)
-        everything = _counters(maxima, 0, model.memory_slots)  # a GPU's counter set
-        for parent, gpu in zip(parents, topology.gpus, strict=True):
-            if gpu.mig_devices is None:
-                groups.append([_whole(parent, topology.gpu_memory)])
-                continue
-            counter_sets.append(
-                {"name": dra.counter_set(parent.index), "counters": _values(everything)}
-            )
-            partitions = _dynamic_devices(parent, model, maxima, everything)
-            groups.append(sorted(partitions, key=lambda d: str(d["name"])))
-    else:
+        specs = _dynamic_specs(parents, topology, model, layout)
+    elif dynamic:  # no MIG-capable GPU: the driver falls back to a slice per whole GPU
+        specs = [{"devices": [_whole(p, topology.gpu_memory)]} for p in parents]
+    else:  # one slice, as the driver's; more only past the API's limit, where it would fail
         devices = [
             d
             for parent, gpu in zip(parents, topology.gpus, strict=True)
             for d in _static_devices(parent, gpu, model, topology.gpu_memory, obj)
         ]
-        groups = [devices[i : i + MAX_DEVICES] for i in range(0, len(devices), MAX_DEVICES)] or [[]]
-    specs: list[dict[str, Any]] = [
-        {"sharedCounters": counter_sets[i : i + MAX_COUNTER_SETS]}
-        for i in range(0, len(counter_sets), MAX_COUNTER_SETS)
-    ]
-    specs += [{"devices": group} for group in groups]
+        specs = [
+            {"devices": devices[i : i + MAX_PLAIN_DEVICES]}
+            for i in range(0, len(devices), MAX_PLAIN_DEVICES)
+        ] or [{"devices": []}]
     # Deleted with their node; a node read from a file without its uid gets no owner.
     uid = node_uid(node)
     owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid, "controller": True}

@@ -38,7 +38,7 @@ from kube.api import (
     usable_version,
 )
 from status_updater.controller import Writer
-from status_updater.dra import SELECTED
+from status_updater.dra import SELECTED, DraOptions
 from status_updater.resourceslices import API_VERSION, SELECTOR, is_ours, node_slices
 from status_updater.state import ClusterState
 from topology.errors import TopologyError
@@ -162,9 +162,9 @@ class _Desired:
 
 class SliceWriter:
     def __init__(
-        self, api: kubernetes.client.ResourceV1Api, dynamic_mig: bool, pass_s: float = PASS_S
+        self, api: kubernetes.client.ResourceV1Api, options: DraOptions, pass_s: float = PASS_S
     ) -> None:
-        self.api, self.dynamic_mig, self.pass_s = api, dynamic_mig, pass_s
+        self.api, self.options, self.pass_s = api, options.slices(), pass_s
         self._todo: set[str] = set()  # nodes a pass had no time left for
         self.what = "ResourceSlices"
         self.actual: dict[str, Observed] = {}  # slice name -> what it holds
@@ -332,7 +332,7 @@ class SliceWriter:
         try:
             if isinstance(devices, TopologyError):
                 raise devices
-            texts = tuple(map(_Text.of, node_slices(slim, devices, dynamic=self.dynamic_mig)))
+            texts = tuple(map(_Text.of, node_slices(slim, devices, **self.options)))
         except TopologyError as e:
             if self._said.get(node) != str(e):  # once per problem: a node that stays bad is no news
                 log.warning("%s; its ResourceSlices stay as they are", e)
@@ -348,7 +348,7 @@ class SliceWriter:
         if desired.texts or not desired.names:
             return desired.texts
         slim, devices = cast(Obj, desired.node), cast(NodeTopology, desired.devices)
-        return tuple(map(_Text.of, node_slices(slim, devices, dynamic=self.dynamic_mig)))
+        return tuple(map(_Text.of, node_slices(slim, devices, **self.options)))
 
     def _holds(self, name: str, digest: str, generation: int) -> bool:
         current = self.actual.get(name)

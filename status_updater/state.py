@@ -17,8 +17,9 @@ Pure: no I/O, no threads. The controller calls it from one thread.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from status_updater import claims as dra_claims
 from status_updater.devices import build_node
@@ -414,14 +415,16 @@ class ClusterState:
         pods: Iterable[Obj],
         layouts: migparted.Layouts | None = None,
         claims: Iterable[Obj] = (),
+        slim: Callable[[Obj], dict[str, Any]] = slim_node,
     ) -> ClusterState:
         """The settled state of these objects as the API or a file shows them (what `render`
-        and the tests start from); `claims`, the DRA ResourceClaims the pods may use."""
+        and the tests start from); `claims`, the DRA ResourceClaims the pods may use; `slim`,
+        what the Node informer keeps of a Node (`dra.node_slimmer`)."""
         state = cls()
         if layouts is not None:
             state.layouts = layouts
         state.reset_claims(map(dra_claims.read_claim, claims))
-        state.reset_nodes(map(slim_node, nodes))
+        state.reset_nodes(map(slim, nodes))
         state.reset_pods(map(slim_pod, pods))
         state.settle()
         return state

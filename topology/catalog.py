@@ -106,6 +106,10 @@ class GpuModel:
     # `config-default.yaml` lists for its group (SXM, PCIe and the export variants).
     pci_ids: tuple[str, ...] = ()
     architecture: str = ""  # NVML's name for it, as the DRA driver publishes it: Ampere, Hopper
+    # MIG mode changes without a GPU reset (Hopper and newer): the DRA driver's DynamicMIG offers
+    # such a GPU whole and in every partition whatever its MIG mode, and turns MIG on or off as
+    # it prepares a claim (`supportsMIGModeToggle`).
+    mig_toggles_without_reset: bool = False
     compute_capability: str = ""  # CUDA's major.minor: 8.0 on the A100
     _by_name: dict[str, Profile] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -406,6 +410,7 @@ MODELS: tuple[GpuModel, ...] = (
             two_slice_1g_mib=20096,
         ),
         architecture="Hopper",
+        mig_toggles_without_reset=True,
         compute_capability="9.0",
         pci_ids=("0x233010DE", "0x233110DE", "0x232210DE", "0x232410DE"),
         figures=Figures(
@@ -441,6 +446,7 @@ MODELS: tuple[GpuModel, ...] = (
             two_slice_1g_mib=22016,
         ),
         architecture="Hopper",
+        mig_toggles_without_reset=True,
         compute_capability="9.0",
         pci_ids=("0x232110DE", "0x233A10DE"),
         figures=Figures(
@@ -476,6 +482,7 @@ MODELS: tuple[GpuModel, ...] = (
             two_slice_1g_mib=23552,
         ),
         architecture="Hopper",
+        mig_toggles_without_reset=True,
         compute_capability="9.0",
         pci_ids=("0x234210DE", "0x233D10DE", "0x20B610DE", "0x232910DE"),
         figures=Figures(
@@ -511,6 +518,7 @@ MODELS: tuple[GpuModel, ...] = (
             two_slice_1g_mib=33024,
         ),
         architecture="Hopper",
+        mig_toggles_without_reset=True,
         compute_capability="9.0",
         pci_ids=("0x233510DE", "0x233B10DE"),
         figures=Figures(
@@ -547,6 +555,7 @@ MODELS: tuple[GpuModel, ...] = (
             two_slice_1g_mib=45312,
         ),
         architecture="Blackwell",
+        mig_toggles_without_reset=True,
         compute_capability="10.0",
         pci_ids=("0x290110DE",),
         figures=Figures(

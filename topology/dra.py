@@ -74,6 +74,21 @@ def resource_pci_bus_id(index: int) -> str:
     return f"{domain:04x}:{bus:02x}:00.0"
 
 
+# The simulated host's PCIe tree, a DGX A100's: two GPUs behind each root complex (AMD's root
+# buses 00, 40, 80, a0), four on each socket's NUMA node.
+_ROOTS = (0x00, 0x00, 0x40, 0x40, 0x80, 0x80, 0xA0, 0xA0)
+
+
+def pcie_root(index: int) -> str:
+    """The GPU's PCIe root complex as the DRA driver reads it from sysfs: `pci0000:40`."""
+    domain, at = divmod(index, len(_BUSES))
+    return f"pci{domain:04x}:{_ROOTS[at]:02x}"
+
+
+def numa_node(index: int) -> int:
+    return (index % len(_BUSES)) // 4
+
+
 def version(text: str) -> str:
     """A `version` attribute as the driver writes it (semver, coerced): `520.56.06` is `520.56.6`,
     `8.0` is `8.0.0`. ValueError for what is not one to three dot-separated numbers."""

@@ -42,10 +42,12 @@ def place_pods(
     warnings: list[TopologyError],
     single: bool = False,
     previous: NodeTopology | None = None,
+    dynamic: bool = False,
 ) -> NodeTopology:
     """The node with the devices its pods hold, and their simulated usage. `single`: the node
     is labelled with GFD's single strategy; `previous`: the node's last result, whose pods keep
-    what they held there for as long as they live (older pods ending never moves them).
+    what they held there for as long as they live (older pods ending never moves them);
+    `dynamic`: the node's DRA driver runs DynamicMIG (a claim's partition makes its instance).
 
     A pod that cannot be placed is reported and skipped; the others are placed regardless.
     """
@@ -53,7 +55,7 @@ def place_pods(
     live = {pod_uid(p) for p in holding}
     kept = {uid: held for uid, held in held_devices(node, previous).items() if uid in live}
     replicas = {uid: held for uid, held in held_replicas(node, previous).items() if uid in live}
-    board = Board(name, node, single, kept, replicas, named_holders(node, previous))
+    board = Board(name, node, single, kept, replicas, named_holders(node, previous), dynamic)
     # Pods that held devices place first, then new pods, oldest first, in what is left.
     holders = kept.keys() | replicas.keys() | dra_holders(previous)
     for pod in sorted(holding, key=lambda p: (pod_uid(p) not in holders, pod_order(p))):

@@ -33,8 +33,10 @@ class Board:
         kept: Kept | None = None,
         kept_replicas: KeptReplicas | None = None,
         named: Mapping[Device, AllocatedBy] | None = None,
+        dynamic: bool = False,
     ) -> None:
         self.name = name
+        self.dynamic = dynamic  # DRA's DynamicMIG: a claim's partition makes its instance
         self.node = node
         # The single strategy's `nvidia.com/gpu` is a MIG instance where the GPUs have them.
         self.single = single and any(g.mig_devices for g in node.gpus)

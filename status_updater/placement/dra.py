@@ -2,12 +2,14 @@
 against the node's ResourceSlices); each container using a claim is one `dra-claims` entry on
 the device it names, as dcgm-exporter's DRA mode labels it.
 
-`gpu-<minor>` is the whole GPU; on a Hopper or newer GPU with MIG on and no instance (the
-driver's dynamic MIG offers it so) the driver turns MIG off to hand it out whole. A static MIG device is the instance at its placement. With dynamic
-MIG the device is a partition: the driver creates its instance when the claim is prepared, so it
-is added here, with the GI id the catalog's rule gives that placement and a `MIG-` id stable for
-node, GPU and GI (and it goes with the claim). A device that is not on the node, or a partition
-over an instance that exists, is the pod's error: it holds nothing.
+`gpu-<minor>` is the whole GPU; on a GPU whose MIG mode toggles without a reset (Hopper and
+newer), with MIG on and no instance, the driver turns MIG off to hand it out whole. A static MIG
+device is the instance at its placement. Under DynamicMIG the device is a partition: the driver
+creates its instance when the claim is prepared (turning MIG on where it toggles), so it is
+added here, with the GI id the catalog's rule gives that placement and a `MIG-` id stable for
+node, GPU and GI (and it goes with the claim). A device that is not on the node, a partition
+where the driver has no DynamicMIG (it publishes none), or a partition over an instance that
+exists, is the pod's error: it holds nothing.
 """
 
 from __future__ import annotations
@@ -54,12 +56,14 @@ def _target(
         raise TopologyError(obj, field, f"device {name} is not on node {board.name}: not placed")
     g = parsed.minor
     devices = board.migs[g]
+    toggles = board.model is not None and board.model.mig_toggles_without_reset
     if parsed.profile is None:
-        toggles = board.model is not None and board.model.architecture != "Ampere"
         if devices is not None and (devices or not toggles or any(mg == g for mg, _ in made)):
             raise TopologyError(obj, field, f"device {name}: GPU {g} has MIG on: not placed")
         whole.add(g)
         return g, None
+    if devices is None and board.dynamic and toggles and g not in whole:
+        devices = []  # the driver turns MIG on to make the instance
     if devices is None or g in whole:
         why = "is handed out whole" if g in whole else "has MIG off"
         raise TopologyError(obj, field, f"device {name}: GPU {g} {why}: not placed")
@@ -71,6 +75,11 @@ def _target(
     for mg, dev in made:
         if mg == g and dev.position == start and dev.name == profile.name:
             return g, dev
+    if not board.dynamic:
+        raise TopologyError(
+            obj, field, f"device {name} is no MIG device of GPU {g}, and partitions are made "
+            "only under the DRA driver's DynamicMIG (--dra-dynamic-mig): not placed",
+        )  # fmt: skip
     taken = set(range(start, start + profile.memory_slices))
     for dev in [*devices, *(m for mg, m in made if mg == g)]:
         held = board.model.profile(dev.name)
@@ -101,7 +110,8 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
     made_at: dict[tuple[int, int], int] = {}  # (GPU, start) of a made instance -> its index
     for g, dev in made:
         devices = board.migs[g]
-        assert devices is not None
+        if devices is None:  # MIG turned on for it
+            devices = board.migs[g] = []
         devices.append(dev)
         made_at[g, dev.position] = len(devices) - 1
     claims: dict[tuple[int, int | None], list[DraClaim]] = {}

@@ -12,6 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from status_updater.dra import DraOptions, node_slimmer
 from status_updater.objects import may_hold_gpu
 from status_updater.state import ClusterState
 from tests.support.base import SAMPLES, examples, run_cli
@@ -29,7 +30,8 @@ def render(tmp_path: Path, found: list[dict[str, Any]]) -> tuple[Path, str]:
     path = tmp_path / "claims.yaml"
     path.write_text(yaml.safe_dump_all(found))
     done = run_cli("status_updater", "render", "--nodes", str(DRA / "nodes.yaml"),
-                   "--pods", str(DRA / "pods.yaml"), "--claims", str(path))  # fmt: skip
+                   "--pods", str(DRA / "pods.yaml"), "--claims", str(path),
+                   "--dra-dynamic-mig")  # fmt: skip
     assert done.returncode == 0, done.stderr
     out = tmp_path / "topology.yaml"
     out.write_text(done.stdout)
@@ -163,7 +165,8 @@ def test_a_broken_claim_never_harms_the_others(
             _set(bad, path, value)
     nodes = list(yaml.safe_load_all((DRA / "nodes.yaml").read_text()))
     pods = list(yaml.safe_load_all((DRA / "pods.yaml").read_text()))
-    state = ClusterState.of(nodes, pods, None, [bad, *found[1:]])
+    slim = node_slimmer(DraOptions("", dynamic_mig=True))
+    state = ClusterState.of(nodes, pods, None, [bad, *found[1:]], slim)
     assert all("\n" not in str(w) for w in state.all_warnings())
     held = {
         (c.holder.pod, c.device)

@@ -15,7 +15,8 @@ import yaml
 
 from status_updater.claims import read_claim
 from status_updater.devices import build_node
-from status_updater.objects import claim_refs, slim_node, slim_pod
+from status_updater.dra import DraOptions, node_slimmer
+from status_updater.objects import claim_refs, slim_pod
 from status_updater.resourceslices import node_slices
 from status_updater.state import ClusterState
 from tests.status_updater.test_resourceslices import gpu_node
@@ -28,6 +29,8 @@ DRA = SAMPLES / "dra"
 NODES = list(yaml.safe_load_all((DRA / "nodes.yaml").read_text()))
 PODS = list(yaml.safe_load_all((DRA / "pods.yaml").read_text()))
 CLAIMS = list(yaml.safe_load_all((DRA / "claims.yaml").read_text()))
+# The sample nodes as the updater's Node informer keeps them under --dra-dynamic-mig.
+SLIM = node_slimmer(DraOptions("", dynamic_mig=True))
 
 
 def by_name(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
@@ -58,7 +61,7 @@ def h100_instances(state: ClusterState) -> list[tuple[str, int]]:
 
 Event = Callable[[ClusterState], None]
 EVENTS: dict[str, Event] = {
-    "nodes": lambda s: s.reset_nodes(map(slim_node, NODES)),
+    "nodes": lambda s: s.reset_nodes(map(SLIM, NODES)),
     "infer-small": lambda s: s.set_pod(slim_pod(by_name(PODS, "infer-small"))),
     "dynamic-infer": lambda s: s.set_pod(slim_pod(by_name(PODS, "dynamic-infer"))),
     "small-claim": lambda s: s.set_claim(read_claim(by_name(CLAIMS, "infer-small-mig-7xq2k"))),
@@ -77,7 +80,7 @@ def test_pods_and_claims_in_any_order_give_what_reading_them_at_once_gives(
             state.settle()  # some events settle alone, some together
     state.settle()
     pods = [by_name(PODS, "infer-small"), by_name(PODS, "dynamic-infer")]
-    at_once = ClusterState.of(NODES, pods, claims=CLAIMS)
+    at_once = ClusterState.of(NODES, pods, claims=CLAIMS, slim=SLIM)
     assert state.results == at_once.results
     assert claimed(state, "dra-h100") == {"gpu-0-mig-3g40gb-9-4": [("dynamic-infer", "ctr0", 2)]}
     assert claimed(state, "dra-a100") == {
@@ -87,7 +90,7 @@ def test_pods_and_claims_in_any_order_give_what_reading_them_at_once_gives(
 
 def settled(*claims: str) -> ClusterState:
     state = ClusterState()
-    state.reset_nodes(map(slim_node, NODES))
+    state.reset_nodes(map(SLIM, NODES))
     state.reset_pods(map(slim_pod, PODS))
     state.reset_claims(read_claim(by_name(CLAIMS, c)) for c in claims)
     state.settle()
@@ -192,8 +195,9 @@ def offered() -> list[Any]:
     static MIG as mig-parted's all-balanced layout builds it, and every partition."""
     cases = []
     for model in MODELS:
-        for layout, dynamic in ((None, False), ("all-balanced", False), ("all-enabled", True)):
-            node = gpu_node("n", model.product_labels[0], 1, layout)
+        for layout, dynamic in ((None, False), ("all-balanced", False), ("all-enabled", True),
+                                ("all-disabled", True), ("all-balanced", True)):  # fmt: skip
+            node = gpu_node("n", model.product_labels[0], 1, layout, dynamic)
             try:
                 found = node_slices(node, build_node(node), dynamic=dynamic)
             except TopologyError:
@@ -292,3 +296,45 @@ def test_a_gpu_limit_served_through_dra_holds_the_device_its_claim_was_allocated
     plain.settle()
     held = plain.results["n"]
     assert isinstance(held, NodeTopology) and held.gpus[0].status is not None
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_partition_is_made_only_under_dynamic_mig_and_refused_once_otherwise(
+    dynamic: bool,
+) -> None:
+    """Without DynamicMIG the driver publishes no partition: a claim given one (a hand-written
+    allocation) holds nothing, and the warning names the claim."""
+    node = gpu_node("n", "NVIDIA-H100-80GB-HBM3", 1, "all-enabled", dynamic)
+    pod = by_name(PODS, "dynamic-infer")
+    pod["spec"]["nodeName"] = "n"
+    claim = by_name(CLAIMS, "half-h100")
+    claim["status"]["allocation"]["devices"]["results"][0].update(pool="n")
+    state = ClusterState()
+    state.set_node(node)
+    state.set_pod(slim_pod(pod))
+    state.set_claim(read_claim(claim))
+    state.settle()
+    if dynamic:
+        assert state.node_warnings("n") == []
+        assert claimed(state, "n") == {"gpu-0-mig-3g40gb-9-4": [("dynamic-infer", "ctr0", 2)]}
+        return
+    assert claimed(state, "n") == {}
+    assert [str(w) for w in state.node_warnings("n")] == [
+        "pod gpu-test/dynamic-infer: claims[gpu-test/half-h100]: device gpu-0-mig-3g40gb-9-4 is "
+        "no MIG device of GPU 0, and partitions are made only under the DRA driver's DynamicMIG "
+        "(--dra-dynamic-mig): not placed"
+    ]
+
+
+@pytest.mark.parametrize("product", ["NVIDIA-A100-SXM4-40GB", "NVIDIA-H100-80GB-HBM3"])
+def test_dynamic_mig_destroys_the_layouts_instances_and_keeps_only_its_claims(
+    product: str,
+) -> None:
+    """DestroyUnknownMIGDevices: a mig-manager layout does not survive the driver's start; MIG
+    stays on where it cannot toggle (A100) and goes off where it can (H100). Static MIG keeps
+    the layout."""
+    static = build_node(gpu_node("n", product, 2, "all-balanced"))
+    assert all(g.mig_devices for g in static.gpus)
+    dynamic = build_node(gpu_node("n", product, 2, "all-balanced", dynamic=True))
+    toggles = "H100" in product
+    assert [g.mig_devices for g in dynamic.gpus] == [None if toggles else ()] * 2

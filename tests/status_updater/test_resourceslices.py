@@ -3,6 +3,7 @@ Kubernetes schema."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -14,31 +15,42 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from status_updater.devices import build_node
+from status_updater.dra import DYNAMIC, DraOptions, node_slimmer
 from status_updater.objects import slim_node
 from status_updater.resourceslices import node_slices, quantity, slice_name
 from tests.support.allocator import Allocator
 from tests.support.base import SAMPLES, examples, run_cli
 from topology import dra
 from topology.catalog import MODELS, GpuModel
+from topology.errors import TopologyError
 
 A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "1"}
 ON = {"nvidia.com/mig.config": "all-enabled", "nvidia.com/mig.strategy": "mixed"}
-# resource.k8s.io/v1 is GA from 1.34; counters in their own slice from 1.35.
+# resource.k8s.io/v1 is GA from 1.34; counters in their own slice from 1.35; list attributes
+# from 1.36.
 KUBE_VERSIONS = ("1.35", "1.37")
 
 
 def gpu_node(
-    name: str, product: str, count: int = 1, layout: str | None = None, **labels: str
+    name: str,
+    product: str,
+    count: int = 1,
+    layout: str | None = None,
+    dynamic: bool = False,
+    **labels: str,
 ) -> dict[str, Any]:
+    """The Node as the updater keeps it, its DRA driver running DynamicMIG where `dynamic`."""
     found = {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(count), **labels}
     if layout is not None:
         found |= {"nvidia.com/mig.config": layout, "nvidia.com/mig.strategy": "mixed"}
     meta = {"name": name, "uid": f"uid-{name}", "labels": found}
-    return slim_node({"kind": "Node", "metadata": meta})
+    return node_slimmer(DraOptions("", dynamic_mig=dynamic))({"kind": "Node", "metadata": meta})
 
 
-def slices(node: dict[str, Any], dynamic: bool = False) -> list[dict[str, Any]]:
-    return node_slices(node, build_node(node), dynamic=dynamic)
+def slices(node: dict[str, Any], dynamic: bool = False, **options: Any) -> list[dict[str, Any]]:
+    if dynamic and DYNAMIC not in node:
+        node = {**node, DYNAMIC: True}
+    return node_slices(node, build_node(node), dynamic=dynamic, **options)
 
 
 def devices(found: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -62,35 +74,136 @@ def sample_nodes() -> list[dict[str, Any]]:
     return found
 
 
+# MIG states a node's layout gives: off, on without instances, a layout's instances, a mixed
+# layout; with a GPU count past what one slice or counter slice holds.
+STATES = (("whole", None, 2), ("all-enabled", "all-enabled", 9), ("balanced", "all-balanced", 2),
+          ("1g", "all-1g.5gb", 20))  # fmt: skip
+
+
 def cases() -> list[Any]:
     found = [(n["metadata"]["name"], n) for n in sample_nodes()]
     for m in MODELS:
-        found.append((f"{m.key}-all-enabled", gpu_node("n", product(m), 8, "all-enabled")))
-        found.append((f"{m.key}-whole", gpu_node("w", product(m), 2)))
+        for what, layout, count in STATES:
+            found.append((f"{m.key}-{what}", gpu_node("n", product(m), count, layout)))
     return [
-        pytest.param(node, dynamic, id=f"{what}-{'dynamic' if dynamic else 'static'}")
+        pytest.param(node, mode, id=f"{what}-{mode}")
         for what, node in found
-        for dynamic in (False, True)
+        for mode in ("static", "dynamic-split", "dynamic-combined", "dynamic-lists")
     ]
 
 
+def mode_options(mode: str) -> dict[str, Any]:
+    return {"dynamic": mode != "static", "layout": "combined" if "combined" in mode else "split",
+            "list_attributes": mode.endswith("lists")}  # fmt: skip
+
+
 @pytest.mark.parametrize("version", KUBE_VERSIONS)
-@pytest.mark.parametrize(("node", "dynamic"), cases())
-def test_every_slice_is_valid_for_the_api(
-    node: dict[str, Any], dynamic: bool, version: str
-) -> None:
-    found = slices(node, dynamic)
+@pytest.mark.parametrize(("node", "mode"), cases())
+def test_every_slice_is_valid_for_the_api(node: dict[str, Any], mode: str, version: str) -> None:
+    """Any model, MIG state and slice layout: valid slices, within the API's per-slice limits
+    (64 devices where they consume counters, else 128; 8 counter sets), every device once, and
+    as many slices as the pool says."""
+    try:
+        found = slices(node, **mode_options(mode))
+    except TopologyError:
+        assert mode == "static"  # a layout a model has no profiles for is the node's problem
+        return
+    if mode.endswith("lists") and version < "1.36":
+        version = "1.36"  # list attributes (the driver's DRAListTypeAttributes) are 1.36's
     for s in found:
         try:
             kubernetes_validate.validate(s, version, strict=True)
         except kubernetes_validate.ValidationError as e:
             pytest.fail(f"{'.'.join(map(str, e.path))}: {e.message}", pytrace=False)
-        assert len(s["spec"].get("devices", [])) <= 64
+        listed = s["spec"].get("devices", [])
+        consuming = any("consumesCounters" in d for d in listed)
+        assert len(listed) <= (64 if consuming else 128)
         assert len(s["spec"].get("sharedCounters", [])) <= 8
     names = [d for s in found for d in (x["name"] for x in s["spec"].get("devices", []))]
     assert len(names) == len(set(names)), "a device name twice in one pool"
     pool = {(s["spec"]["pool"]["name"], s["spec"]["pool"]["resourceSliceCount"]) for s in found}
     assert pool == {(node["metadata"]["name"], len(found))}
+    if mode == "static":  # every instance of every GPU is there
+        built = build_node(node).gpus
+        assert len(names) == sum(1 if g.mig_devices is None else len(g.mig_devices) for g in built)
+
+
+def test_a_static_pool_past_one_slices_limit_loses_no_device() -> None:
+    """The driver publishes one slice; past the API's 128 devices it would fail, and the updater
+    goes on in a second slice, every instance once."""
+    node = gpu_node("n", "NVIDIA-A100-SXM4-40GB", 24, "all-1g.5gb")  # 168 instances
+    found = slices(node)
+    assert [len(s["spec"]["devices"]) for s in found] == [128, 40]
+    assert len(devices(found)) == 24 * 7
+    alone = slices(gpu_node("n", "NVIDIA-A100-SXM4-40GB", 16, "all-1g.5gb"))
+    assert [len(s["spec"]["devices"]) for s in alone] == [112]  # the driver's one slice
+
+
+def test_the_layouts_are_the_drivers_by_kubernetes_version() -> None:
+    """Split (1.35+): every counter set first, then a slice per GPU; combined (1.34): a slice per
+    GPU holding its own counter set (driver.go, generateSplit/CombinedResourceSlices)."""
+    node = gpu_node("n", "NVIDIA-H100-80GB-HBM3", 2, "all-enabled", dynamic=True)
+    split = slices(node, dynamic=True)
+    assert [sorted(s["spec"]) for s in split] == [
+        ["driver", "nodeName", "pool", "sharedCounters"],
+        ["devices", "driver", "nodeName", "pool"],
+        ["devices", "driver", "nodeName", "pool"],
+    ]
+    assert [c["name"] for c in split[0]["spec"]["sharedCounters"]] == [
+        "gpu-0-counter-set", "gpu-1-counter-set"]  # fmt: skip
+    combined = slices(node, dynamic=True, layout="combined")
+    assert len(combined) == 2
+    for g, s in enumerate(combined):
+        assert [c["name"] for c in s["spec"]["sharedCounters"]] == [f"gpu-{g}-counter-set"]
+        assert s["spec"]["devices"] == split[g + 1]["spec"]["devices"]
+        assert s["spec"]["pool"]["resourceSliceCount"] == 2
+
+
+def test_an_a100_with_mig_off_under_dynamic_mig_is_whole_after_an_empty_counter_slice() -> None:
+    node = gpu_node("n", "NVIDIA-A100-SXM4-40GB", 1, "all-disabled", dynamic=True)
+    found = slices(node, dynamic=True)
+    assert [sorted(s["spec"]) for s in found] == [
+        ["driver", "nodeName", "pool"], ["devices", "driver", "nodeName", "pool"]]  # fmt: skip
+    (gpu,) = found[1]["spec"]["devices"]
+    assert gpu["name"] == "gpu-0" and values(gpu["capacity"]) == {"memory": "40Gi"}
+    assert "consumesCounters" not in gpu
+
+
+@pytest.mark.parametrize("model", [m for m in MODELS if m.mig_toggles_without_reset],
+                         ids=lambda m: m.key)  # fmt: skip
+@pytest.mark.parametrize("layout", ["all-disabled", "all-enabled", "all-balanced"])
+def test_a_gpu_whose_mig_toggles_offers_itself_and_every_partition_in_any_mig_mode(
+    model: GpuModel, layout: str
+) -> None:
+    """The driver's isDynamicMIGCapable: Hopper and newer, MIG on or off, whole and every
+    profile at every placement, with the counter set."""
+    node = gpu_node("n", product(model), 1, layout, dynamic=True)
+    found = devices(slices(node, dynamic=True))
+    expected = {"gpu-0"} | {dra.mig_device(0, p, start) for p in model.profiles
+                            for start in p.placements}  # fmt: skip
+    assert set(found) == expected
+    assert all("consumesCounters" in d for d in found.values())
+
+
+def test_the_pcie_tree_is_stable_per_gpu_and_agrees_with_the_bus_ids() -> None:
+    """pcieRoot is the root complex of the GPU's bus (same domain, two GPUs a root), numaNode
+    four GPUs a socket; MIG devices carry their parent's; the list form under the gate."""
+    node = gpu_node("n", "NVIDIA-H100-80GB-HBM3", 16, "all-enabled", dynamic=True)
+    found = devices(slices(node, dynamic=True))
+    for name, d in found.items():
+        a = d["attributes"]
+        g = int(name.split("-")[1])
+        bus = a["resource.kubernetes.io/pciBusID"]["string"]
+        root = a["resource.kubernetes.io/pcieRoot"]["string"]
+        assert bus == dra.resource_pci_bus_id(g)
+        assert re.fullmatch(r"pci[0-9a-f]{4}:[0-9a-f]{2}", root) and root[3:7] == bus[:4]
+        assert int(root[-2:], 16) <= int(bus[5:7], 16)  # the root bus is at or below the GPU's
+        assert root == dra.pcie_root(g ^ 1)  # its pair shares it
+        assert a["resource.kubernetes.io/numaNode"] == {"int": (g % 8) // 4}
+    roots = {d["attributes"]["resource.kubernetes.io/pcieRoot"]["string"] for d in found.values()}
+    assert len(roots) == 8  # 16 GPUs, two a root
+    lists = devices(slices(node, dynamic=True, list_attributes=True))
+    assert lists["gpu-5"]["attributes"]["resource.kubernetes.io/numaNode"] == {"ints": [1]}
 
 
 def test_a_static_mig_instance_is_the_drivers_device() -> None:
@@ -118,6 +231,7 @@ def test_a_static_mig_instance_is_the_drivers_device() -> None:
     gpu = build_node(node).gpus[0]
     instance = next(m for m in gpu.mig_devices or () if m.position == 4)
     assert device["attributes"] == {
+        "addressingMode": {"string": "HMM"},
         "architecture": {"string": "Ampere"},
         "brand": {"string": "Nvidia"},
         "cudaComputeCapability": {"version": "8.0.0"},
@@ -126,7 +240,9 @@ def test_a_static_mig_instance_is_the_drivers_device() -> None:
         "parentUUID": {"string": gpu.id},
         "productName": {"string": "NVIDIA A100-SXM4-40GB"},
         "profile": {"string": "1g.5gb"},
+        "resource.kubernetes.io/numaNode": {"int": 0},
         "resource.kubernetes.io/pciBusID": {"string": "0000:07:00.0"},
+        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"},
         "type": {"string": "mig"},
         "uuid": {"string": instance.id},
     }
@@ -266,6 +382,43 @@ def test_render_names_a_node_without_slices_and_prints_the_others(tmp_path: Path
         "warning: node bad: metadata.labels[nvidia.com/cuda.driver.major]: expected a version "
         "such as 520.56.06, got 'five.0.0'; no ResourceSlices"
     )
+
+
+@pytest.mark.parametrize("dynamic", [[], ["--dra-dynamic-mig"]])
+@pytest.mark.parametrize("output", ["yaml", "json"])
+def test_render_warns_of_an_unknown_layout_as_for_configmaps(
+    tmp_path: Path, dynamic: list[str], output: str
+) -> None:
+    nodes = [{"kind": "Node", "metadata": {"name": "odd", "labels": {
+        **A100, "nvidia.com/mig.config": "all-nonsense", "nvidia.com/mig.strategy": "mixed"}}}]  # fmt: skip
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump_all(nodes))
+    found, stderr = render_slices("--nodes", str(path), "-o", output, *dynamic)
+    assert [s["spec"]["nodeName"] for s in found] == ["odd"] * len(found) and found
+    configmaps = run_cli("status_updater", "render", "--nodes", str(path))
+    assert stderr.startswith("warning: node odd: metadata.labels[nvidia.com/mig.config]: unknown "
+                             "layout 'all-nonsense'")  # fmt: skip
+    assert stderr == configmaps.stderr
+
+
+def test_render_writes_the_same_list_as_yaml_and_as_json(tmp_path: Path) -> None:
+    """Written a node at a time, both forms are the List of every node's slices; no node at all
+    is an empty List."""
+    nodes = [{"kind": "Node", "metadata": {"name": f"n{i}", "labels": {**A100, **ON}}}
+             for i in range(3)]  # fmt: skip
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump_all(nodes))
+    expected = [s for n in nodes for s in slices(node_slimmer(DraOptions(""))(n), dynamic=True)]
+    for output in ("yaml", "json"):
+        done = run_cli("status_updater", "render", "--resource-slices", "--dra-dynamic-mig",
+                       "--nodes", str(path), "-o", output)  # fmt: skip
+        found = json.loads(done.stdout) if output == "json" else yaml.safe_load(done.stdout)
+        assert found == {"apiVersion": "v1", "kind": "List", "items": expected}
+        path.write_text("")
+        empty = run_cli("status_updater", "render", "--resource-slices", "--nodes", str(path),
+                        "-o", output)  # fmt: skip
+        assert yaml.safe_load(empty.stdout) == {"apiVersion": "v1", "kind": "List", "items": []}
+        path.write_text(yaml.safe_dump_all(nodes))
 
 
 def test_a_bad_selector_is_a_usage_error() -> None:

@@ -168,15 +168,19 @@ def test_a_node_whose_devices_change_is_published_again_under_the_next_generatio
         def scenario() -> None:
             assert eventually(lambda: published(kube, "dra-a100", KWOK), timeout=10) == 1
             assert len(pool(kube, "dra-a100")) == 3
-            # MIG off: two whole GPUs, no counters: two slices, the third deleted.
+            # MIG off: two whole GPUs, no counters, after the driver's (split) empty counter slice.
             labels = {"nvidia.com/mig.config": "all-disabled"}
             kube.patch("nodes", "dra-a100", {"metadata": {"labels": labels}})
             assert eventually(lambda: published(kube, "dra-a100", KWOK), timeout=5) == 2
+            assert pool(kube, "dra-a100")["00000-gpu.nvidia.com-dra-a100"]["spec"] == {
+                "driver": "gpu.nvidia.com", "nodeName": "dra-a100",
+                "pool": {"name": "dra-a100", "generation": 2, "resourceSliceCount": 3},
+            }  # fmt: skip
             devices = [d["name"] for s in pool(kube, "dra-a100").values()
                        for d in s["spec"].get("devices", [])]  # fmt: skip
             assert sorted(devices) == ["gpu-0", "gpu-1"]
             assert {s["spec"]["pool"]["resourceSliceCount"]
-                    for s in pool(kube, "dra-a100").values()} == {2}  # fmt: skip
+                    for s in pool(kube, "dra-a100").values()} == {3}  # fmt: skip
 
         assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario, KWOK) == 0
         assert_the_dra_install_allows_what_was_asked(kube)
