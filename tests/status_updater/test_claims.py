@@ -338,3 +338,43 @@ def test_dynamic_mig_destroys_the_layouts_instances_and_keeps_only_its_claims(
     dynamic = build_node(gpu_node("n", product, 2, "all-balanced", dynamic=True))
     toggles = "H100" in product
     assert [g.mig_devices for g in dynamic.gpus] == [None if toggles else ()] * 2
+
+
+def one_pod_claims(node: str, *results: tuple[str, str]) -> ClusterState:
+    """dynamic-infer on `node`, its claim allocated (pool, device) for each of `results`."""
+    pod = by_name(PODS, "dynamic-infer")
+    pod["spec"]["nodeName"] = node
+    claim = by_name(CLAIMS, "half-h100")
+    claim["status"]["allocation"]["devices"]["results"] = [
+        {"request": f"r{i}", "driver": "gpu.nvidia.com", "pool": pool, "device": device}
+        for i, (pool, device) in enumerate(results)
+    ]
+    state = ClusterState()
+    for name in ("n", "other"):
+        state.set_node(gpu_node(name, "NVIDIA-H100-80GB-HBM3", 1, "all-enabled", dynamic=True))
+    state.set_pod(slim_pod(pod))
+    state.set_claim(read_claim(claim))
+    state.settle()
+    return state
+
+
+@pytest.mark.parametrize(
+    "inner", ["gpu-0-mig-1g10gb-19-5", "gpu-0-mig-1g10gb-19-6", "gpu-0-mig-2g20gb-14-4"]
+)
+def test_a_partition_inside_one_made_for_the_same_pod_is_an_overlap(inner: str) -> None:
+    """Both partitions are made for one pod: the second lies inside the first's memory slices
+    (3g at 4 holds 4 to 7), so the pod holds nothing."""
+    state = one_pod_claims("n", ("n", "gpu-0-mig-3g40gb-9-4"), ("n", inner))
+    assert claimed(state, "n") == {}
+    (warning,) = state.node_warnings("n")
+    assert f"device {inner} overlaps instance 3g.40gb@4: not placed" in str(warning)
+    beside = one_pod_claims("n", ("n", "gpu-0-mig-3g40gb-9-4"), ("n", "gpu-0-mig-1g10gb-19-3"))
+    assert set(claimed(beside, "n")) == {"gpu-0-mig-3g40gb-9-4", "gpu-0-mig-1g10gb-19-3"}
+
+
+def test_a_claim_of_another_nodes_pool_is_never_placed_on_the_pods_node() -> None:
+    """The device is on `other` (its pool): the pod on `n` holds nothing of `n`'s."""
+    state = one_pod_claims("n", ("other", "gpu-0-mig-3g40gb-9-4"))
+    assert claimed(state, "n") == {} and claimed(state, "other") == {}
+    result = state.results["n"]
+    assert isinstance(result, NodeTopology) and result.gpus[0].mig_devices is None

@@ -291,9 +291,17 @@ def test_single_strategy_gpus_of_a_run_ai_node() -> None:
     four = json.loads(json.dumps(sample))
     four["metadata"]["name"] = "four"
     four["metadata"]["labels"]["nvidia.com/gpu.count"] = "4"
-    topology, _ = reconcile([named, four], [])
-    assert {n: node.gpu_count for n, node in topology.nodes.items()} == {"named": 1, "four": 2}
-    assert dump_yaml(topology).count("gpu-count: 2\n") == 1
+    # The GPUs are counted up to the highest one named, not by the entries: GPU 1 alone is two.
+    second = json.loads(json.dumps(named))
+    second["metadata"]["name"] = "second"
+    second["metadata"]["annotations"]["run.ai/mig.config"] = config.replace(
+        "devices: all", "devices: [1]"
+    )
+    topology, _ = reconcile([named, four, second], [])
+    assert {n: node.gpu_count for n, node in topology.nodes.items()} == {
+        "named": 1, "four": 2, "second": 2}  # fmt: skip
+    assert [bool(g.mig_devices) for g in topology.nodes["second"].gpus] == [False, True]
+    assert dump_yaml(topology).count("gpu-count: 2\n") == 2
 
 
 def test_a_mapping_that_is_not_base64_json_names_its_node() -> None:
