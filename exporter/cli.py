@@ -26,6 +26,7 @@ from exporter.service import Exporter
 from exporter.shards import Shard, ordinal
 from exporter.sources import file_source, read_topology_file, watch_own_statefulset, watches
 from kube.api import port
+from topology import dra
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
 from topology.settings import add_layout_argument
@@ -193,8 +194,11 @@ def _series_arguments(p: argparse.ArgumentParser) -> None:
     """What the series say beyond the GPUs: labels, fields, pods."""
     p.add_argument(
         "--driver-version",
-        default=os.environ.get("DRIVER_VERSION") or dcgm.DEFAULT_DRIVER_VERSION,
-        help="DCGM_FI_DRIVER_VERSION label (env DRIVER_VERSION, default %(default)s)",
+        default=os.environ.get("DRIVER_VERSION") or None,
+        help="DCGM_FI_DRIVER_VERSION label, and the driver whose MIG profile memory the series "
+        f"show (env DRIVER_VERSION, default {dcgm.DEFAULT_DRIVER_VERSION}, the real dumps'; "
+        f"with --kubernetes-enable-dra {dra.DRA_DRIVER}, as the updater's ResourceSlices say "
+        "of a node without driver labels)",
     )
     p.add_argument(
         "--hostname",
@@ -433,7 +437,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     options = dcgm.Options(
         hostname=args.hostname,
-        driver_version=args.driver_version,
+        driver_version=args.driver_version
+        or (dra.DRA_DRIVER if args.kubernetes_enable_dra else dcgm.DEFAULT_DRIVER_VERSION),
         counters=counters,
         mig_pod_labels=args.mig_pod_labels,
         virtual_gpus=args.kubernetes_virtual_gpus,

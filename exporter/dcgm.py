@@ -147,6 +147,8 @@ class _GpuPlan:
 
 def _plans(node: NodeTopology, options: Options) -> list[_GpuPlan]:
     model = model_for_product(node.gpu_product)
+    if model is not None:  # its profiles' memory on the driver the series name
+        model = model.for_driver(options.driver_version)
     model_name = nvml_model_name(node.gpu_product)
     out = []
     for index, gpu in enumerate(node.gpus):

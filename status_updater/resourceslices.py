@@ -23,7 +23,6 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -91,12 +90,8 @@ def _common(node: Obj, topology: NodeTopology, model: GpuModel | None) -> dict[s
         "cudaComputeCapability": {
             "version": _label_version(labels, dra.LABEL_COMPUTE, compute, obj)
         },
-        "cudaDriverVersion": {
-            "version": _label_version(labels, dra.LABEL_CUDA, dra.DEFAULT_CUDA, obj)
-        },
-        "driverVersion": {
-            "version": _label_version(labels, dra.LABEL_DRIVER, dra.DEFAULT_DRIVER, obj)
-        },
+        "cudaDriverVersion": {"version": _label_version(labels, dra.LABEL_CUDA, dra.DRA_CUDA, obj)},
+        "driverVersion": {"version": _label_version(labels, dra.LABEL_DRIVER, dra.DRA_DRIVER, obj)},
         "productName": {"string": nvml_model_name(topology.gpu_product)},
         # What NVML says of a x86 host's kernel with HMM, as the driver's docs show it.
         "addressingMode": {"string": "HMM"},
@@ -264,6 +259,19 @@ def _dynamic_specs(
     return specs + [{"devices": devices} for devices, _ in per_gpu]
 
 
+def slice_metadata(node: Obj, index: int) -> dict[str, Any]:
+    """The metadata of the node's slice `index`: its name, the updater's label, and the Node as
+    its owner, so that it is deleted with its node (a node read from a file without its uid gets
+    no owner)."""
+    name = node_name(node)
+    meta: dict[str, Any] = {"name": slice_name(name, index), "labels": {LABEL_MANAGED_BY: MANAGER}}
+    if uid := node_uid(node):
+        meta["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid, "controller": True}
+        ]
+    return meta
+
+
 def node_slices(
     node: Obj,
     topology: NodeTopology,
@@ -279,6 +287,8 @@ def node_slices(
     obj = f"node {name}"
     model = model_for_product(topology.gpu_product)
     common = _common(node, topology, model)
+    if model is not None:  # the profiles' memory on the node's driver
+        model = model.for_driver(common["driverVersion"]["version"])
     parents = [_parent(i, gpu, common, list_attributes) for i, gpu in enumerate(topology.gpus)]
     specs: list[dict[str, Any]]
     if dynamic and model is not None:
@@ -295,17 +305,11 @@ def node_slices(
             {"devices": devices[i : i + MAX_PLAIN_DEVICES]}
             for i in range(0, len(devices), MAX_PLAIN_DEVICES)
         ] or [{"devices": []}]
-    # Deleted with their node; a node read from a file without its uid gets no owner.
-    uid = node_uid(node)
-    owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid, "controller": True}
-    meta: dict[str, Any] = {"labels": {LABEL_MANAGED_BY: MANAGER}}
-    if uid:
-        meta["ownerReferences"] = [owner]
     return [
         {
             "apiVersion": API_VERSION,
             "kind": "ResourceSlice",
-            "metadata": {"name": slice_name(name, i), **copy.deepcopy(meta)},
+            "metadata": slice_metadata(node, i),
             "spec": {
                 "driver": dra.DRIVER,
                 "nodeName": name,

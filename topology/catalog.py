@@ -10,7 +10,8 @@ Pure data and pure functions: no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 MIG_SUFFIX = "-MIG-"
 SHARED_PRODUCT_SUFFIX = "-SHARED"  # GFD's product label of a shared GPU (time-slicing, MPS)
@@ -110,6 +111,9 @@ class GpuModel:
     # such a GPU whole and in every partition whatever its MIG mode, and turns MIG on or off as
     # it prepares a claim (`supportsMIGModeToggle`).
     mig_toggles_without_reset: bool = False
+    # Profile memory on newer drivers, where it differs from `driver_era`'s: (the first driver
+    # major with it, ((profile, MiB), ...)), oldest first.
+    memory_by_driver: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = ()
     compute_capability: str = ""  # CUDA's major.minor: 8.0 on the A100
     _by_name: dict[str, Profile] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -129,6 +133,14 @@ class GpuModel:
 
     def profile(self, name: str) -> Profile | None:
         return self._by_name.get(name)
+
+    def for_driver(self, version: str | None) -> GpuModel:
+        """The model with its profiles' memory on driver `version` (`580.65.06`; None or
+        unreadable: `driver_era`'s)."""
+        major = version.split(".", 1)[0] if version else ""
+        if not self.memory_by_driver or not major.isdigit():
+            return self
+        return _on_driver(self, int(major))
 
     @property
     def compute_slots(self) -> int:
@@ -271,6 +283,18 @@ _HOPPER = {
     "4g": Engines(64, 4, 4, 4, 0),
     "7g": Engines(132, 8, 7, 7, 1),
 }
+# H100 PCIe (114 SMs, not SXM5's 132): the DRA driver's log shows 114 multiprocessors as the
+# largest profile's (mig-profiles.md, Corrections). The other profiles' were not observed: SXM5's
+# scaled by 114/132 and rounded to an even count (inferred); engines as SXM5's.
+_HOPPER_PCIE = {
+    "1g": Engines(14, 1, 1, 1, 0),
+    "1g+me": Engines(14, 1, 1, 1, 1),
+    "1g, 2 slices": Engines(22, 1, 1, 1, 0),
+    "2g": Engines(28, 2, 2, 2, 0),
+    "3g": Engines(52, 3, 3, 3, 0),
+    "4g": Engines(56, 4, 4, 4, 0),
+    "7g": Engines(114, 8, 7, 7, 1),
+}
 # B200: 1g and 2g from `-lgip` dumps; 3g, 4g and 7g were not captured: copy engines from the MIG
 # user guide, multiprocessors scaled from Hopper by 18/16 (7g: all 148 of the B200), one decoder
 # and one JPEG engine per compute slice (inferred).
@@ -283,6 +307,21 @@ _BLACKWELL = {
     "4g": Engines(72, 8, 4, 4, 0),
     "7g": Engines(148, 16, 7, 7, 1),
 }
+
+
+@lru_cache(maxsize=64)
+def _on_driver(model: GpuModel, major: int) -> GpuModel:
+    memory: dict[str, int] = {}
+    for first, sizes in model.memory_by_driver:
+        if major >= first:
+            memory.update(sizes)
+    if not memory:
+        return model
+    profiles = tuple(
+        replace(p, memory_mib=memory[p.name], dcgm_fb_total_mib=None) if p.name in memory else p
+        for p in model.profiles
+    )
+    return replace(model, profiles=profiles, driver_era=f"{model.driver_era}; R{major} memory")
 
 
 MODELS: tuple[GpuModel, ...] = (
@@ -310,6 +349,12 @@ MODELS: tuple[GpuModel, ...] = (
         ),
         dcgm_fb_total_mib=40384,  # the MIG-disabled dump: FB_FREE 40384, FB_USED 0
         swapped_halves=True,  # sample: 2g.10gb@0 -> GI 5, 1g.5gb@4 -> 7, @6 -> 9
+        # Drivers the DRA driver supports (565+): a real slice (Kueue #10283) shows 1g.10gb 9984
+        # and 7g.40gb 40320, the mid-era column of mig-profiles.md; the others are that column's.
+        memory_by_driver=(
+            (565, (("1g.10gb", 9984), ("2g.10gb", 9984), ("3g.20gb", 20096), ("4g.20gb", 20096),
+                   ("7g.40gb", 40320))),
+        ),  # fmt: skip
         architecture="Ampere",
         compute_capability="8.0",
         pci_ids=("0x20B010DE", "0x20B110DE", "0x20F110DE", "0x20F610DE"),
@@ -372,6 +417,9 @@ MODELS: tuple[GpuModel, ...] = (
             _p("1g.6gb", 14, 1, 1, 5952, Engines(14, 1, 0, 0, 0), slots=4),
             _p("1g.6gb+me", 21, 1, 1, 5952, Engines(14, 1, 1, 1, 1), slots=4),
             _p("2g.12gb", 5, 2, 2, 11968, Engines(28, 2, 2, 0, 0), slots=4),
+            # R525+; its profile id was not observed (the DRA driver's name carries it): 6
+            # follows the A30's ids, inferred.
+            _p("2g.12gb+me", 6, 2, 2, 11968, Engines(28, 2, 2, 1, 1), slots=4),
             _p("4g.24gb", 0, 4, 4, 24064, Engines(56, 4, 4, 1, 1), slots=4),
         ),
         architecture="Ampere",
@@ -392,7 +440,7 @@ MODELS: tuple[GpuModel, ...] = (
     ),
     GpuModel(
         key="H100-80GB",
-        nvml_names=("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"),
+        nvml_names=("NVIDIA H100 80GB HBM3",),
         memory_slots=8,
         total_memory_mib=81559,
         driver_era="580.65.06 era (GFD 1g.10gb = 9984)",
@@ -412,7 +460,7 @@ MODELS: tuple[GpuModel, ...] = (
         architecture="Hopper",
         mig_toggles_without_reset=True,
         compute_capability="9.0",
-        pci_ids=("0x233010DE", "0x233110DE", "0x232210DE", "0x232410DE"),
+        pci_ids=("0x233010DE", "0x232210DE", "0x232410DE"),
         figures=Figures(
             70.0,
             115.0,
@@ -424,6 +472,42 @@ MODELS: tuple[GpuModel, ...] = (
             72,
             2,
             "H100 SXM5 datasheet (700 W, 1980 MHz, HBM3 2619 MHz); idle scaled from A100-40GB",
+        ),
+    ),
+    GpuModel(
+        key="H100-PCIe-80GB",
+        nvml_names=("NVIDIA H100 PCIe",),
+        memory_slots=8,
+        total_memory_mib=81559,
+        driver_era="H100 SXM5's MiB (the DRA driver's log: 81152 MiB largest profile)",
+        profiles=_eight_slot(
+            "1g.10gb",
+            9984,
+            "2g.20gb",
+            20096,
+            "40gb",
+            40448,
+            "7g.80gb",
+            81152,
+            engines=_HOPPER_PCIE,
+            two_slice_1g="1g.20gb",
+            two_slice_1g_mib=20096,
+        ),
+        architecture="Hopper",
+        mig_toggles_without_reset=True,
+        compute_capability="9.0",
+        pci_ids=("0x233110DE",),
+        figures=Figures(
+            50.0,
+            85.0,
+            350.0,
+            345,
+            1755,
+            1593,
+            30,
+            72,
+            2,
+            "H100 PCIe datasheet (350 W, 1755 MHz, HBM2e 1593 MHz); idle scaled from A100-40GB",
         ),
     ),
     GpuModel(

@@ -29,6 +29,10 @@ LABEL_COMPUTE = ("nvidia.com/gpu.compute.major", "nvidia.com/gpu.compute.minor")
 NODE_LABELS = (*LABEL_DRIVER, *LABEL_CUDA, *LABEL_COMPUTE)
 DEFAULT_DRIVER = "520.56.06"
 DEFAULT_CUDA = "11.8"
+# A DRA node without GFD's driver labels: a driver the DRA driver supports (its prerequisites:
+# 565 or later), the one the H100 catalog's figures are for.
+DRA_DRIVER = "580.65.06"
+DRA_CUDA = "13.0"
 
 _NOT_RFC1123 = re.compile(r"[^a-z0-9-.]")
 

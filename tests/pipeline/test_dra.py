@@ -183,7 +183,8 @@ def test_a_broken_claim_never_harms_the_others(
 
 def test_the_samples_slices_and_series_name_one_driver_version(tmp_path: Path) -> None:
     """The slices' `driverVersion` (from GFD's labels) is the version the series carry in
-    DCGM_FI_DRIVER_VERSION, each in its own form (520.56.6 and 520.56.06)."""
+    DCGM_FI_DRIVER_VERSION, each in its own form (580.65.6 and 580.65.06): the exporter in DRA
+    mode names the DRA driver's default when it is given none."""
     done = run_cli("status_updater", "render", "--nodes", str(DRA / "nodes.yaml"),
                    "--resource-slices", "--dra-dynamic-mig")  # fmt: skip
     assert done.returncode == 0, done.stderr

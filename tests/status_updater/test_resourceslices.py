@@ -267,16 +267,26 @@ def test_a_gpu_with_mig_off_is_one_device_with_its_memory() -> None:
 def test_dynamic_mig_on_an_a100_is_every_partition_and_its_counters() -> None:
     """25 partitions per GPU (7 + 7 +me, 4 two-slice 1g, 3 2g, 2 3g, 1 4g, 1 7g), no whole GPU (an
     Ampere GPU with MIG on is not offered whole); the counter set is the largest of each capacity
-    over the profiles (memory: the 7g's 40192 MiB, not the GPU's 40960)."""
+    over the profiles (memory: the 7g's, not the GPU's 40960 MiB). Without driver labels the
+    node has a driver the DRA driver supports (580.65.06), whose memory a real A100-40GB slice
+    shows (Kueue #10283): counter set 40320Mi, 1g.10gb 9984Mi, 7g.40gb 40320Mi."""
     found = slices(gpu_node("d", "NVIDIA-A100-SXM4-40GB", 2, "all-enabled"), dynamic=True)
     counters = found[0]["spec"]["sharedCounters"]
     assert [c["name"] for c in counters] == ["gpu-0-counter-set", "gpu-1-counter-set"]
     assert "devices" not in found[0]["spec"]
     assert values(counters[0]["counters"]) == {
         "copy-engines": "7", "decoders": "5", "encoders": "0", "jpeg-engines": "1",
-        "memory": "40192Mi", "multiprocessors": "98", "ofa-engines": "1",
+        "memory": "40320Mi", "multiprocessors": "98", "ofa-engines": "1",
         **{f"memory-slice-{i}": "1" for i in range(8)},
     }  # fmt: skip
+    found_devices = devices(found)
+    for name, memory in (("gpu-0-mig-1g10gb-15-0", "9984Mi"), ("gpu-0-mig-7g40gb-0-0", "40320Mi")):
+        (consumed,) = found_devices[name]["consumesCounters"]
+        assert values(consumed["counters"])["memory"] == memory
+        assert values(found_devices[name]["capacity"])["memory"] == memory
+    assert found_devices["gpu-0-mig-1g10gb-15-0"]["attributes"]["driverVersion"] == {
+        "version": "580.65.6"
+    }
     per_gpu = [s["spec"]["devices"] for s in found[1:]]
     assert [len(d) for d in per_gpu] == [25, 25]
     assert all(d["name"].startswith("gpu-1-mig-") for d in per_gpu[1])
@@ -287,9 +297,19 @@ def test_dynamic_mig_on_an_a100_is_every_partition_and_its_counters() -> None:
     assert consumed["counterSet"] == "gpu-0-counter-set"
     assert values(consumed["counters"]) == {
         "copy-engines": "3", "decoders": "2", "encoders": "0", "jpeg-engines": "0",
-        "memory": "19968Mi", "multiprocessors": "42", "ofa-engines": "0",
+        "memory": "20096Mi", "multiprocessors": "42", "ofa-engines": "0",
         **{f"memory-slice-{i}": "1" for i in range(4, 8)},
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(("major", "memory"), [("520", "40192Mi"), ("565", "40320Mi"),
+                                               ("580", "40320Mi")])  # fmt: skip
+def test_the_nodes_driver_picks_the_profiles_memory(major: str, memory: str) -> None:
+    """GFD's driver labels: an R520 node's 7g.40gb is 40192 MiB, a 565+ one's 40320 MiB."""
+    labels = {"nvidia.com/cuda.driver.major": major, "nvidia.com/cuda.driver.minor": "1"}
+    node = gpu_node("d", "NVIDIA-A100-SXM4-40GB", 1, "all-enabled", **labels)
+    found = devices(slices(node, dynamic=True))
+    assert values(found["gpu-0-mig-7g40gb-0-0"]["capacity"])["memory"] == memory
 
 
 def test_dynamic_mig_on_an_h100_also_offers_the_whole_gpu_consuming_everything() -> None:
@@ -310,7 +330,7 @@ def test_every_profile_at_every_placement_is_offered_with_the_catalogs_capacitie
     model: GpuModel,
 ) -> None:
     found = devices(slices(gpu_node("c", product(model), 1, "all-enabled"), dynamic=True))
-    for p in model.profiles:
+    for p in model.for_driver(dra.DRA_DRIVER).profiles:
         for start in p.placements:
             device = found[dra.mig_device(0, p, start)]
             assert device["attributes"]["profile"] == {"string": p.name}

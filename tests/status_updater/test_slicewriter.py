@@ -12,17 +12,22 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from status_updater.devices import build_node
 from status_updater.dra import DraOptions
 from status_updater.objects import slim_node
 from status_updater.resourceslices import node_slices
+from status_updater.slicewriter import _Templates, _Text
 from tests.deploy.test_deploy import UPDATER, bound_rules, render
 from tests.status_updater.test_daemon import run_daemon
 from tests.status_updater.test_reconcile import whole_gpu_node
-from tests.support.base import SAMPLES
+from tests.status_updater.test_resourceslices import gpu_node
+from tests.support.base import SAMPLES, examples
 from tests.support.kubeapi import JournalEntry, KubeAPI, eventually
 from tests.support.rbac import allowed, request_of
+from topology.catalog import MODELS, GpuModel
 from topology.configmap import LABEL_MANAGED_BY, MANAGER
 
 NODES = list(yaml.safe_load_all((SAMPLES / "dra" / "nodes.yaml").read_text()))
@@ -289,3 +294,37 @@ def test_a_pool_the_api_refuses_never_holds_back_the_others_or_the_configmaps(
         assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario, KWOK) == 0
     said = [m for m in caplog.messages if "ResourceSlices of node dra-a100:" in m]
     assert said == ["ResourceSlices of node dra-a100: HTTP 422 Unprocessable Entity; retrying"]
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(
+    model=st.sampled_from(MODELS),
+    layout=st.sampled_from([None, "all-enabled", "all-disabled", "all-balanced"]),
+    count=st.integers(1, 10),
+    options=st.fixed_dictionaries(
+        {
+            "dynamic": st.booleans(),
+            "layout": st.sampled_from(["split", "combined"]),
+            "list_attributes": st.booleans(),
+        }
+    ),
+    names=st.lists(st.text(alphabet="abz09.-", min_size=1, max_size=70), min_size=2, max_size=3),
+    driver=st.sampled_from([{}, {"nvidia.com/cuda.driver.major": "535"}]),
+    uid=st.booleans(),
+)
+def test_slices_made_from_a_template_are_the_slices_made_alone(
+    model: GpuModel, layout: str | None, count: int, options: dict[str, Any],
+    names: list[str], driver: dict[str, str], uid: bool,
+) -> None:  # fmt: skip
+    """Nodes of one shape share their slices' JSON, their names and GPU uuids put in: the same
+    text and digest as each node's own slices, whatever its name (a long one is hashed)."""
+    templates = _Templates()
+    for name in names:
+        node = gpu_node(name, model.product_labels[0], count, layout, options["dynamic"], **driver)
+        if not uid:
+            node["metadata"]["uid"] = None
+        devices = build_node(node)
+        alone = [_Text.of(s) for s in node_slices(node, devices, **options)]
+        made = templates.texts(node, devices, options)
+        assert [(t.name, t.meta, t.spec, t.digest) for t in made] == [
+            (t.name, t.meta, t.spec, t.digest) for t in alone]  # fmt: skip
