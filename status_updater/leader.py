@@ -73,23 +73,19 @@ class LeaderElector:
         self.duration_s = round(timing.lease_duration_s)
         self._deadline = 0.0  # monotonic: when the try under way must have ended
         self.leading = threading.Event()
-        self._renewed_at: dt.datetime | None = None
         self._lock = threading.Lock()  # one lease call at a time; release waits for a renewal
         self._released = False
 
     def is_leader(self) -> bool:
-        # A leader that could not renew in time must assume another replica is about to take over.
-        renewed = self._renewed_at
-        deadline = dt.timedelta(seconds=self.timing.renew_deadline_s)
-        if renewed is not None and _now() - renewed > deadline:
+        # A leader whose round of tries did not renew by its deadline must assume another
+        # replica is about to take over (client-go's renew loop gives up then).
+        if self.leading.is_set() and time.monotonic() > self._deadline:
             self._set(False)
         return self.leading.is_set()
 
     def _set(self, leading: bool) -> None:
         if leading != self.leading.is_set():
             (self.leading.set if leading else self.leading.clear)()
-            if not leading:
-                self._renewed_at = None
             log.info(
                 "%s leadership of lease %s/%s",
                 "acquired" if leading else "lost",
@@ -165,31 +161,33 @@ class LeaderElector:
         return True
 
     def run(self, stop: threading.Event) -> None:
+        """client-go's loop: a round of tries, one every retry period, each try given what is
+        left of the round's renew deadline (however slowly the API answers), the round over
+        when one succeeds; a leader whose round ends without one stops leading."""
+        in_round = False
         while not stop.is_set():
-            # Taken before asking: the renewal the server records is no older than this.
-            started = _now()
-            # A leader's try may last until its renew deadline (client-go's renew loop); a
-            # candidate's until the same span from now.
-            renewed = self._renewed_at
-            base = (
-                time.monotonic() - (started - renewed).total_seconds()
-                if renewed is not None and self.leading.is_set()
-                else time.monotonic()
-            )
-            self._deadline = base + self.timing.renew_deadline_s
+            if in_round and not self.leading.is_set() and time.monotonic() > self._deadline:
+                in_round = False  # a candidate's round ran out: the next try starts another
+            if not in_round:
+                self._deadline = time.monotonic() + self.timing.renew_deadline_s
+                in_round = True
             try:
                 with self._lock:
                     if self._released:
                         return
                     won = self.try_acquire_or_renew()
+                in_round = False
                 if won:
-                    self._renewed_at = started
+                    # Leading until the next round's deadline at the latest.
+                    self._deadline = time.monotonic() + sum(
+                        (self.timing.retry_period_s, self.timing.renew_deadline_s)
+                    )
                     self._set(True)
                 else:
-                    self._set(False)
+                    self._set(False)  # another replica holds it
             except Exception as e:  # API trouble, or a malformed Lease: keep trying
                 log.warning("lease %s/%s: %s", self.namespace, self.name, describe(e))
-                self.is_leader()  # drops leadership once the renew deadline has passed
+                self.is_leader()  # drops leadership once the round's deadline has passed
             stop.wait(self.timing.retry_period_s)
 
     def release(self) -> None:

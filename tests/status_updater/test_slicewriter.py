@@ -16,8 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from status_updater.devices import build_node
-from status_updater.dra import DraOptions
-from status_updater.objects import slim_node
+from status_updater.dra import DraOptions, node_slimmer
 from status_updater.resourceslices import node_slices
 from status_updater.slicewriter import _Templates, _Text
 from tests.deploy.test_deploy import UPDATER, bound_rules, render
@@ -54,8 +53,8 @@ def pool(kube: KubeAPI, node: str, ours: bool = True) -> dict[str, dict[str, Any
 
 def expected(kube: KubeAPI, name: str, dra: DraOptions) -> list[dict[str, Any]]:
     """What the driver would publish for the Node as the API holds it (its uid the API's)."""
-    slim = slim_node(kube.get("nodes", name))
-    return node_slices(slim, build_node(slim), dynamic=dra.dynamic_mig)
+    slim = node_slimmer(dra)(kube.get("nodes", name))
+    return node_slices(slim, build_node(slim), **dra.slices())
 
 
 def published(kube: KubeAPI, name: str, dra: DraOptions) -> int | None:
@@ -328,3 +327,33 @@ def test_slices_made_from_a_template_are_the_slices_made_alone(
         made = templates.texts(node, devices, options)
         assert [(t.name, t.meta, t.spec, t.digest) for t in made] == [
             (t.name, t.meta, t.spec, t.digest) for t in alone]  # fmt: skip
+
+
+def test_a_leader_keeps_its_lease_while_it_publishes_against_a_slow_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every Lease call answered 4 s late while 150 nodes are published: a try (read, then
+    patch) takes 8 s, within the 10 s renew deadline, so the leader leads throughout (a fixed
+    3 s call timeout lost the Lease whenever the API was busy)."""
+    nodes = 150
+    with KubeAPI.start() as kube:
+        for i in range(nodes):
+            node = sample("dra-a100-80gb")  # one whole GPU: cheap slices
+            node["metadata"]["name"] = f"kwok-{i:03d}"
+            kube.create("nodes", node)
+        kube.call(lambda emu: emu.slow(600, 4.0, "leases"))
+
+        before_shutdown: list[str] = []
+
+        def scenario() -> None:
+            names = [f"kwok-{i:03d}" for i in range(nodes)]
+            eventually(lambda: all(pool(kube, n) for n in names), timeout=60)
+            time.sleep(12)  # at least one more renewal, each of its calls 4 s late
+            before_shutdown.append(caplog.text)
+
+        with caplog.at_level("INFO"):
+            assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario, STATIC) == 0
+        (said,) = before_shutdown
+        assert "acquired leadership" in said
+        assert "lost leadership" not in said  # only at the shutdown, when it is released
+        assert len({s["spec"]["nodeName"] for s in kube.list_objects("resourceslices")}) == nodes

@@ -308,6 +308,7 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
     _down_until: float = attrs.field(default=0.0, init=False)  # time.monotonic()
     _slow_until: float = attrs.field(default=0.0, init=False)
     _slow_delay: float = attrs.field(default=0.0, init=False)
+    _slow_plural: str | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -357,11 +358,12 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         self._down_until = time.monotonic() + seconds
         self.cut_watches(abort=True)
 
-    def slow(self, seconds: float, delay: float) -> None:
-        """For `seconds`, answer every request `delay` seconds late (watches: their start). The
-        harness's own requests are answered at once."""
+    def slow(self, seconds: float, delay: float, plural: str | None = None) -> None:
+        """For `seconds`, answer every request (of `plural` only, if given) `delay` seconds late
+        (watches: their start). The harness's own requests are answered at once."""
         self._slow_until = time.monotonic() + seconds
         self._slow_delay = delay
+        self._slow_plural = plural
 
     # ---- request handling -------------------------------------------------------------------
 
@@ -372,8 +374,16 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         # every request for the tests.
         if len(self._requests) > 2 * RECENT_REQUESTS:
             del self._requests[:-RECENT_REQUESTS]
-        if request.headers.get(HARNESS_HEADER) is None and time.monotonic() < self._slow_until:
+        if (
+            request.headers.get(HARNESS_HEADER) is None
+            and time.monotonic() < self._slow_until
+            and self._slow_plural in (None, request.resource and request.resource.plural)
+        ):
             await asyncio.sleep(self._slow_delay)
+            # Requests that came meanwhile may have trimmed it from kmock's record, which its
+            # reactions are matched against: it would find none (a 500).
+            if not any(r is request for r in self._requests[-RECENT_REQUESTS:]):
+                self._requests.append(request)
         if request.headers.get(HARNESS_HEADER) is None and time.monotonic() < self._down_until:
             dropped = JournalEntry(
                 time.monotonic(), request.method.value, request.url.path, dict(request.params), 0
