@@ -16,13 +16,16 @@ one series per instance, or with no instance its GPU-level series only, with emp
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from exporter.fields import EMPTY, GPU, MIG
 from exporter.readings import Reading
 from topology import dra
-from topology.model import AllocatedBy, DeviceStatus
+from topology.model import AllocatedBy, DeviceStatus, DraClaim
+
+log = logging.getLogger(__name__)
 
 Labels = tuple[tuple[str, str], ...]  # (name, value) in dcgm-exporter's order
 Subject = tuple[str, Labels, Reading]  # (GPU, MIG or EMPTY, its labels, its values)
@@ -82,12 +85,34 @@ def gpu_subjects(
     return out
 
 
+_UNATTRIBUTED: set[tuple[str, str, str, str]] = set()  # (pool, namespace, claim, device) said
+_MAX_SAID = 100_000
+
+
+def _unattributed(c: DraClaim) -> None:
+    """Said once per claim and device: a DynamicMIG instance's series name no pod."""
+    key = (c.pool, c.claim_namespace, c.claim, c.device)
+    if key in _UNATTRIBUTED:
+        return
+    if len(_UNATTRIBUTED) >= _MAX_SAID:
+        _UNATTRIBUTED.clear()
+    _UNATTRIBUTED.add(key)
+    log.info("DRA claim %s/%s: %s on node %s is a DynamicMIG instance: served without pod or "
+             "dra_* labels, as dcgm-exporter 4.8 serves it (it cannot attribute one: its #714)",
+             c.claim_namespace, c.claim, c.device, c.pool)  # fmt: skip
+
+
 def dra_holders(status: DeviceStatus | None, mig: tuple[str, str] | None) -> list[Labels]:
     """One label set per pod container a DRA claim gives the device, in dcgm-exporter's order
     (its attributes sorted by name); `mig` is a MIG device's (uuid, profile). A holder a
-    document lists twice is one series, never two samples that would fail the scrape."""
+    document lists twice is one series, never two samples that would fail the scrape. An
+    instance made for a claim (DynamicMIG) has none: its slice device names no uuid, so
+    dcgm-exporter (up to 4.8.4) cannot map it to the claim."""
     out: list[Labels] = []
     for c in status.dra_claims if status else ():
+        if c.made:
+            _unattributed(c)
+            continue
         a = c.holder
         labels = [("container", a.container), ("dra_claim_name", c.claim),
                   ("dra_claim_namespace", c.claim_namespace), ("dra_device_name", c.device),

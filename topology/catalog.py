@@ -352,9 +352,17 @@ MODELS: tuple[GpuModel, ...] = (
         # Drivers the DRA driver supports (565+): a real slice (Kueue #10283) shows 1g.10gb 9984
         # and 7g.40gb 40320, the mid-era column of mig-profiles.md; the others are that column's.
         memory_by_driver=(
-            (565, (("1g.10gb", 9984), ("2g.10gb", 9984), ("3g.20gb", 20096), ("4g.20gb", 20096),
-                   ("7g.40gb", 40320))),
-        ),  # fmt: skip
+            (
+                565,
+                (
+                    ("1g.10gb", 9984),
+                    ("2g.10gb", 9984),
+                    ("3g.20gb", 20096),
+                    ("4g.20gb", 20096),
+                    ("7g.40gb", 40320),
+                ),
+            ),
+        ),
         architecture="Ampere",
         compute_capability="8.0",
         pci_ids=("0x20B010DE", "0x20B110DE", "0x20F110DE", "0x20F610DE"),

@@ -65,6 +65,9 @@ class DraClaim:
     claim_namespace: str
     device: str  # the driver's device name, e.g. gpu-0-mig-1g5gb-19-2
     pool: str  # the driver's pool: the node's name
+    # Its MIG instance was made for the claim (the driver's DynamicMIG): the slices name no uuid,
+    # and dcgm-exporter up to 4.8.4 cannot attribute it (its #714).
+    made: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +228,8 @@ def _dump_status(status: DeviceStatus, indent: str, out: list[str]) -> None:
                     f"{indent}    device: {q(c.device)}", f"{indent}    pool: {q(c.pool)}",
                     f"{indent}    namespace: {q(h.namespace)}", f"{indent}    pod: {q(h.pod)}",
                     f"{indent}    container: {q(h.container)}"]  # fmt: skip
+            if c.made:
+                out.append(f"{indent}    made: true")
 
 
 # --- from the wire -------------------------------------------------------------------------------
@@ -334,6 +339,7 @@ def _status_from(r: _Reader) -> DeviceStatus:
             x.string("claim-namespace"),
             x.string("device"),
             x.string("pool"),
+            x.boolean("made"),
         )
         for x in (r.items("dra-claims") if r.has("dra-claims") else [])
     )

@@ -103,8 +103,10 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
     for h in _holds(board, pod):  # every device first: a pod that does not fit holds nothing
         field = f"claims[{h['claim-namespace']}/{h['claim']}]"
         holder = AllocatedBy(namespace, pod_name, h["container"])
-        claim = DraClaim(holder, h["claim"], h["claim-namespace"], h["device"], h["pool"])
-        found.append((_target(board, h["device"], made, whole, obj, field), claim))
+        target = _target(board, h["device"], made, whole, obj, field)
+        claim = DraClaim(holder, h["claim"], h["claim-namespace"], h["device"], h["pool"],
+                         isinstance(target[1], MigDevice))  # fmt: skip
+        found.append((target, claim))
     for g in whole:
         board.migs[g] = None  # handed out whole: MIG off, if it was on without instances
     made_at: dict[tuple[int, int], int] = {}  # (GPU, start) of a made instance -> its index

@@ -146,7 +146,9 @@ def test_dynamic_mig_makes_the_instance_a_claim_is_given_and_one_bad_claim_harms
     tmp_path: Path,
 ) -> None:
     """--dra-dynamic-mig on dra-h100 (all-enabled): the instance appears, with the GI id the
-    catalog gives its placement, when a partition is allocated, and goes when it is released."""
+    catalog gives its placement, when a partition is allocated, and goes when it is released.
+    Its series name no pod and no claim, as dcgm-exporter 4.8 serves a DynamicMIG instance (its
+    slice device has no uuid to map it by: #714), said once in the exporter's log."""
     with running(tmp_path) as d:
         kube = d.kube
         url = start(d, "--dra-dynamic-mig")
@@ -161,10 +163,6 @@ def test_dynamic_mig_makes_the_instance_a_claim_is_given_and_one_bad_claim_harms
         for i, name in enumerate(("gpu-7-mig-1g10gb-19-0", "gpu-0-mig-7g80gb-0-0")):
             other = kube.create("pods", pod_with_template(f"bad-{i}", "mig-1g5gb"), namespace=NS)
             bad.append((other, claim_from_template(kube, other), name))
-        allocate(kube, claim, pod, "dra-h100", device["name"])
-        (series,) = eventually(lambda: held(url, "half"), timeout=10)
-        for other, other_claim, name in bad:
-            allocate(kube, other_claim, other, "dra-h100", name)
         model = model_for_product(NODES["dra-h100"]["metadata"]["labels"][
             "nvidia.com/gpu.product"])  # fmt: skip
         assert model is not None
@@ -172,14 +170,28 @@ def test_dynamic_mig_makes_the_instance_a_claim_is_given_and_one_bad_claim_harms
         assert profile is not None
         start_slot = int(device["name"].rsplit("-", 1)[1])
         gi = model.gpu_instance_id(profile, start_slot)
+
+        def instances() -> dict[str, dict[str, str]]:
+            _, body = get(f"{url}/metrics")
+            return {s.label("GPU_I_ID"): dict(s.labels)
+                    for s in by_name(parse(body), "DCGM_FI_DEV_FB_USED")
+                    if s.label("hostname") == "dra-h100" and "GPU_I_ID" in s.label_names}  # fmt: skip
+
+        allocate(kube, claim, pod, "dra-h100", device["name"])
+        eventually(lambda: str(gi) in instances(), timeout=10)
+        for other, other_claim, name in bad:
+            allocate(kube, other_claim, other, "dra-h100", name)
         eventually(lambda: "not placed" in d.log("updater-0"), timeout=10)
         # The good claim's instance, as the driver would have made it; the bad ones hold nothing.
-        labels = dict(series.labels)
-        assert (labels["GPU_I_PROFILE"], labels["GPU_I_ID"]) == ("3g.40gb", str(gi))
-        assert labels["dra_device_name"] == device["name"]
-        assert labels["dra_mig_device_uuid"].startswith("MIG-")
         time.sleep(0.5)  # what the bad claims would have done is written by now
-        assert [dict(s.labels)["GPU_I_ID"] for s in held(url, "half")] == [str(gi)]
+        found = instances()
+        assert list(found) == [str(gi)]
+        labels = found[str(gi)]
+        assert labels["GPU_I_PROFILE"] == "3g.40gb"
+        assert not labels.get("pod") and not any(k.startswith("dra_") for k in labels)
+        said = eventually(lambda: d.log("exporter").count(f"{device['name']} on node dra-h100 "
+                                                          "is a DynamicMIG instance"), timeout=5)  # fmt: skip
+        assert said == 1
         for i in range(len(bad)):
             assert held(url, f"bad-{i}") == []
         log = d.log("updater-0")
@@ -192,11 +204,5 @@ def test_dynamic_mig_makes_the_instance_a_claim_is_given_and_one_bad_claim_harms
             kube.delete("resourceclaims", other_claim, NS)
         kube.patch("resourceclaims", claim, {"status": {"allocation": None, "reservedFor": None}},
                    NS)  # fmt: skip
-
-        def instances() -> set[str]:
-            _, body = get(f"{url}/metrics")
-            return {s.label("GPU_I_ID") for s in by_name(parse(body), "DCGM_FI_DEV_FB_USED")
-                    if s.label("hostname") == "dra-h100" and "GPU_I_ID" in s.label_names}  # fmt: skip
-
-        eventually(lambda: not held(url, "half") and not instances(), timeout=10)
+        eventually(lambda: not instances(), timeout=10)
         assert "Traceback" not in d.log("updater-0") + d.log("exporter")

@@ -26,12 +26,16 @@ def claims() -> list[dict[str, Any]]:
     return list(yaml.safe_load_all((DRA / "claims.yaml").read_text()))
 
 
+# The samples as docs/dra.md renders them: dra-h100's driver runs DynamicMIG, the A100s' not.
+DYNAMIC_H100 = ("--dra-node-selector", "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3",
+                "--dra-dynamic-mig")  # fmt: skip
+
+
 def render(tmp_path: Path, found: list[dict[str, Any]]) -> tuple[Path, str]:
     path = tmp_path / "claims.yaml"
     path.write_text(yaml.safe_dump_all(found))
     done = run_cli("status_updater", "render", "--nodes", str(DRA / "nodes.yaml"),
-                   "--pods", str(DRA / "pods.yaml"), "--claims", str(path),
-                   "--dra-dynamic-mig")  # fmt: skip
+                   "--pods", str(DRA / "pods.yaml"), "--claims", str(path), *DYNAMIC_H100)  # fmt: skip
     assert done.returncode == 0, done.stderr
     out = tmp_path / "topology.yaml"
     out.write_text(done.stdout)
@@ -67,7 +71,6 @@ def test_the_samples_claims_are_served_with_their_dra_labels(tmp_path: Path) -> 
         ("infer-small", "gpu-0-mig-1g5gb-19-2"),
         ("train-pair", "gpu-1-mig-1g5gb-19-2"),
         ("train-pair", "gpu-1-mig-1g5gb-19-3"),
-        ("dynamic-infer", "gpu-0-mig-3g40gb-9-4"),
         ("whole-train", "gpu-0"),
     }
     small = found["infer-small", "gpu-0-mig-1g5gb-19-2"]
@@ -82,10 +85,13 @@ def test_the_samples_claims_are_served_with_their_dra_labels(tmp_path: Path) -> 
     }
     instance = next(m for m in nodes["dra-a100"]["gpus"][0]["mig-devices"] if m["position"] == 2)
     assert small["dra_mig_device_uuid"] == instance["id"]
-    # Dynamic MIG: the partition's instance was made for the claim, with the driver's GI id.
-    dynamic = found["dynamic-infer", "gpu-0-mig-3g40gb-9-4"]
+    # Dynamic MIG: the partition's instance was made for the claim, with the driver's GI id, and
+    # is served as dcgm-exporter 4.8 serves it: no pod, no claim (its #714).
+    (dynamic,) = [dict(s.labels) for s in serve(topology) if s.label("hostname") == "dra-h100"]
     assert (dynamic["GPU_I_PROFILE"], dynamic["GPU_I_ID"]) == ("3g.40gb", "2")
-    assert dynamic["dra_mig_device_uuid"].startswith("MIG-")
+    assert not dynamic.get("pod") and not any(k.startswith("dra_") for k in dynamic)
+    (made,) = nodes["dra-h100"]["gpus"][0]["mig-devices"]
+    assert made["status"]["dra-claims"][0]["made"] is True
     # A whole GPU: its series, with no MIG labels of either kind.
     whole = found["whole-train", "gpu-0"]
     assert whole["dra_pool_name"] == whole["hostname"] == "dra-a100-80gb"
@@ -109,7 +115,7 @@ def test_one_bad_claim_never_harms_another(tmp_path: Path) -> None:
         "gpu-7-mig-1g5gb-19-2 is not on node dra-a100: not placed"
     )
     pods = {pod for pod, _ in held(serve(topology))}
-    assert pods == {"train-pair", "dynamic-infer", "whole-train"}
+    assert pods == {"train-pair", "whole-train"}
 
 
 def test_a_claim_not_reserved_for_the_pod_gives_it_nothing(tmp_path: Path) -> None:
@@ -203,7 +209,7 @@ def test_a_holder_listed_twice_in_a_topology_is_served_once(tmp_path: Path) -> N
     gives that holder's series once, never two samples Prometheus would reject."""
     topology, _ = render(tmp_path, claims())
     text = topology.read_text()
-    entry = "- claim: half-h100\n"
+    entry = "- claim: infer-small-mig-7xq2k\n"
     assert text.count(entry) == 1
     doubled = tmp_path / "doubled.yaml"
     lines = text.splitlines(keepends=True)
@@ -216,4 +222,4 @@ def test_a_holder_listed_twice_in_a_topology_is_served_once(tmp_path: Path) -> N
         block.append(line)
     doubled.write_text("".join(lines[:at] + block + block + lines[at + len(block) :]))
     served = held(serve(doubled))  # serve() fails on any duplicate sample
-    assert ("dynamic-infer", "gpu-0-mig-3g40gb-9-4") in served
+    assert ("infer-small", "gpu-0-mig-1g5gb-19-2") in served

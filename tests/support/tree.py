@@ -40,7 +40,7 @@ def _status_to_dict(status: DeviceStatus) -> dict[str, Any]:
         out["dra-claims"] = [
             {"claim": c.claim, "claim-namespace": c.claim_namespace, "device": c.device,
              "pool": c.pool, "namespace": c.holder.namespace, "pod": c.holder.pod,
-             "container": c.holder.container}
+             "container": c.holder.container, **({"made": True} if c.made else {})}
             for c in status.dra_claims
         ]  # fmt: skip
     return out
