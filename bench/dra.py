@@ -41,7 +41,6 @@ import os
 import resource
 import select
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -57,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.many import baseline_tree, free_port
 from bench.scale import load, machine, pct
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -571,23 +571,6 @@ def memory_limit_mib() -> int:
     with open("/proc/meminfo") as f:
         free = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable"))
     return int(free / 1024 * 0.8)
-
-
-def baseline_tree(ref: str, work: Path) -> Path:
-    """The code at `ref`, as `git archive` gives it (no worktree is touched); bench/many.py's,
-    not imported: that module brings the tests' support code with it."""
-    tree = work / f"baseline-{ref}"
-    tree.mkdir()
-    archive = subprocess.run(["git", "archive", "--format=tar", ref], cwd=ROOT,
-                             capture_output=True, check=True).stdout  # fmt: skip
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    return tree
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- main --------------------------------------------------------------------------------------

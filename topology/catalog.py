@@ -324,6 +324,38 @@ def _on_driver(model: GpuModel, major: int) -> GpuModel:
     return replace(model, profiles=profiles, driver_era=f"{model.driver_era}; R{major} memory")
 
 
+def _h100_profiles(engines: dict[str, Engines]) -> tuple[Profile, ...]:
+    """The H100 80GB's profiles (SXM5 and PCIe), with a part's engines."""
+    return _eight_slot("1g.10gb", 9984, "2g.20gb", 20096, "40gb", 40448, "7g.80gb", 81152,
+                       engines=engines, two_slice_1g="1g.20gb", two_slice_1g_mib=20096)  # fmt: skip
+
+
+_H100_80GB = GpuModel(
+    key="H100-80GB",
+    nvml_names=("NVIDIA H100 80GB HBM3",),
+    memory_slots=8,
+    total_memory_mib=81559,
+    driver_era="580.65.06 era (GFD 1g.10gb = 9984)",
+    profiles=_h100_profiles(_HOPPER),
+    architecture="Hopper",
+    mig_toggles_without_reset=True,
+    compute_capability="9.0",
+    pci_ids=("0x233010DE", "0x232210DE", "0x232410DE"),
+    figures=Figures(
+        70.0,
+        115.0,
+        700.0,
+        345,
+        1980,
+        2619,
+        30,
+        72,
+        2,
+        "H100 SXM5 datasheet (700 W, 1980 MHz, HBM3 2619 MHz); idle scaled from A100-40GB",
+    ),
+)
+
+
 MODELS: tuple[GpuModel, ...] = (
     GpuModel(
         key="A100-40GB",
@@ -446,64 +478,15 @@ MODELS: tuple[GpuModel, ...] = (
             "A30 datasheet (165 W, 1440 MHz boost, HBM2 1215 MHz); idle scaled from A100-40GB",
         ),
     ),
-    GpuModel(
-        key="H100-80GB",
-        nvml_names=("NVIDIA H100 80GB HBM3",),
-        memory_slots=8,
-        total_memory_mib=81559,
-        driver_era="580.65.06 era (GFD 1g.10gb = 9984)",
-        profiles=_eight_slot(
-            "1g.10gb",
-            9984,
-            "2g.20gb",
-            20096,
-            "40gb",
-            40448,
-            "7g.80gb",
-            81152,
-            engines=_HOPPER,
-            two_slice_1g="1g.20gb",
-            two_slice_1g_mib=20096,
-        ),
-        architecture="Hopper",
-        mig_toggles_without_reset=True,
-        compute_capability="9.0",
-        pci_ids=("0x233010DE", "0x232210DE", "0x232410DE"),
-        figures=Figures(
-            70.0,
-            115.0,
-            700.0,
-            345,
-            1980,
-            2619,
-            30,
-            72,
-            2,
-            "H100 SXM5 datasheet (700 W, 1980 MHz, HBM3 2619 MHz); idle scaled from A100-40GB",
-        ),
-    ),
-    GpuModel(
+    _H100_80GB,
+    # The PCIe part: SXM5's geometry and memory (the DRA driver's log shows an 81152 MiB largest
+    # profile), its own multiprocessors (`_HOPPER_PCIE`) and power.
+    replace(
+        _H100_80GB,
         key="H100-PCIe-80GB",
         nvml_names=("NVIDIA H100 PCIe",),
-        memory_slots=8,
-        total_memory_mib=81559,
         driver_era="H100 SXM5's MiB (the DRA driver's log: 81152 MiB largest profile)",
-        profiles=_eight_slot(
-            "1g.10gb",
-            9984,
-            "2g.20gb",
-            20096,
-            "40gb",
-            40448,
-            "7g.80gb",
-            81152,
-            engines=_HOPPER_PCIE,
-            two_slice_1g="1g.20gb",
-            two_slice_1g_mib=20096,
-        ),
-        architecture="Hopper",
-        mig_toggles_without_reset=True,
-        compute_capability="9.0",
+        profiles=_h100_profiles(_HOPPER_PCIE),
         pci_ids=("0x233110DE",),
         figures=Figures(
             50.0,
