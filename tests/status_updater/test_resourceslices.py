@@ -509,12 +509,18 @@ def test_the_sample_claims_hold_devices_the_sample_nodes_offer() -> None:
 
 @settings(max_examples=examples(30), deadline=None)
 @given(data=st.data())
+@pytest.mark.parametrize("layout", ["split", "combined"])
+@pytest.mark.parametrize("state", ["all-enabled", "all-disabled"])
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.key)
-def test_what_the_scheduler_allocates_never_overlaps(model: GpuModel, data: st.DataObject) -> None:
-    """Partitions requested in any order, allocated as the scheduler would against the counters:
-    no two allocated instances share a memory slice (by the catalog's geometry, not the
-    counters), and none is allocated beside the whole GPU."""
-    allocator = Allocator(slices(gpu_node("a", product(model), 1, "all-enabled"), dynamic=True))
+def test_what_the_scheduler_allocates_never_overlaps(
+    model: GpuModel, state: str, layout: str, data: st.DataObject
+) -> None:
+    """Partitions requested in any order, allocated as the scheduler would against the counters
+    (in either slice layout, MIG on, or off where it toggles): no two allocated instances share
+    a memory slice (by the catalog's geometry, not the counters), and none is allocated beside
+    the whole GPU."""
+    node = gpu_node("a", product(model), 1, state, dynamic=True)
+    allocator = Allocator(slices(node, dynamic=True, layout=layout))
     names = [p.name for p in model.profiles]
     requests = data.draw(st.lists(st.sampled_from([*names, "whole"]), max_size=12))
     taken: set[int] = set()
@@ -538,9 +544,14 @@ def test_what_the_scheduler_allocates_never_overlaps(model: GpuModel, data: st.D
         taken |= held
 
 
+@pytest.mark.parametrize("layout", ["split", "combined"])
+@pytest.mark.parametrize("state", ["all-enabled", "all-disabled"])
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.key)
-def test_every_device_offered_can_be_allocated_on_an_empty_gpu(model: GpuModel) -> None:
-    offered = slices(gpu_node("a", product(model), 1, "all-enabled"), dynamic=True)
+def test_every_device_offered_can_be_allocated_on_an_empty_gpu(
+    model: GpuModel, state: str, layout: str
+) -> None:
+    node = gpu_node("a", product(model), 1, state, dynamic=True)
+    offered = slices(node, dynamic=True, layout=layout)
     for device in devices(offered).values():
         allocator = Allocator(offered)
         attributes = device["attributes"]
@@ -553,3 +564,35 @@ def test_every_device_offered_can_be_allocated_on_an_empty_gpu(model: GpuModel) 
             and d["attributes"].get("profile", {}).get("string") == profile
         ]  # fmt: skip
         assert allocator.allocate(kind, profile) == device, device["name"]
+
+
+def test_an_h100_pcie_is_its_own_part_with_114_multiprocessors() -> None:
+    """The driver's log for an H100 PCIe: 114 multiprocessors the largest profile's (its PR
+    #1018), not SXM5's 132; the same names, memory and placements as SXM5."""
+    pcie = slices(gpu_node("p", "NVIDIA-H100-PCIe", 1, "all-enabled", dynamic=True), dynamic=True)
+    sxm = slices(gpu_node("s", "NVIDIA-H100-80GB-HBM3", 1, "all-enabled", dynamic=True),
+                 dynamic=True)  # fmt: skip
+    counters = values(pcie[0]["spec"]["sharedCounters"][0]["counters"])
+    assert (counters["multiprocessors"], counters["memory"]) == ("114", "81152Mi")
+    assert set(devices(pcie)) == set(devices(sxm))
+    whole = devices(pcie)["gpu-0"]
+    assert whole["attributes"]["productName"] == {"string": "NVIDIA H100 PCIe"}
+    assert values(whole["capacity"])["multiprocessors"] == "114"
+
+
+def test_an_a30_offers_its_2g_me_profile_as_the_driver_names_it() -> None:
+    """`2g.12gb+me` is `gpu-0-mig-2g12gb-me-6-<start>` (the profile id inferred: none was
+    published), with its media engines; 4 memory slices a counter set, 11 counters."""
+    found = slices(gpu_node("a", "NVIDIA-A30", 1, "all-enabled", dynamic=True), dynamic=True)
+    (counter_set,) = found[0]["spec"]["sharedCounters"]
+    assert len(counter_set["counters"]) == 11
+    me = {n: d for n, d in devices(found).items() if "2g12gb-me" in n}
+    assert set(me) == {"gpu-0-mig-2g12gb-me-6-0", "gpu-0-mig-2g12gb-me-6-2"}
+    device = me["gpu-0-mig-2g12gb-me-6-2"]
+    assert device["attributes"]["profile"] == {"string": "2g.12gb+me"}
+    assert values(device["capacity"]) == {
+        "copyEngines": "2", "decoders": "2", "encoders": "0", "jpegEngines": "1",
+        "memory": "11968Mi", "multiprocessors": "28", "ofaEngines": "1"}  # fmt: skip
+    layout = gpu_node("l", "NVIDIA-A30", 1, "all-2g.12gb.me")
+    (instance,) = build_node(layout).gpus[0].mig_devices or ()
+    assert instance.name == "2g.12gb+me"
