@@ -40,7 +40,7 @@ ENVIRONMENT = (
     *CLUSTER_ENVIRONMENT, "NODE_NAME", "DCGM_EXPORTER_INTERVAL", "DRIVER_VERSION",
     "EXPORTER_HOSTNAME", "DCGM_EXPORTER_COLLECTORS", "MIG_POD_LABELS", "KUBERNETES_VIRTUAL_GPUS",
     "WEB_CONFIG_FILE", "DCGM_EXPORTER_VERSION", "KUBERNETES_ENABLE_DRA", "TOTAL_SHARDS", "SHARD",
-    "POD_NAME", "POD_NAMESPACE",
+    "POD_NAME", "POD_NAMESPACE", "DRA_CLAIM_STATUS",
 )  # fmt: skip
 
 
@@ -228,6 +228,15 @@ def _series_arguments(p: argparse.ArgumentParser) -> None:
         help="a device DRA claims hold, once per pod container holding it, with the claim's "
         "dra_* labels, in dcgm-exporter 4.8's label set, as its flag (env "
         "KUBERNETES_ENABLE_DRA=true)",
+    )
+    p.add_argument(
+        "--dra-claim-status",
+        action="store_true",
+        default=env_switch("DRA_CLAIM_STATUS"),
+        help="with --kubernetes-enable-dra: attribute a DynamicMIG instance too, by the uuid "
+        "its claim's status names (the updater's --dra-claim-status, as the DRA driver's issue "
+        "#1456 designs it); off, it is served without pod or dra_* labels, as dcgm-exporter 4.8 "
+        "serves it (env DRA_CLAIM_STATUS=true)",
     )
     p.add_argument(
         "--mig-pod-labels",
@@ -444,6 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         virtual_gpus=args.kubernetes_virtual_gpus,
         exporter_version=args.dcgm_exporter_version,
         dra=args.kubernetes_enable_dra,
+        dra_claim_status=args.dra_claim_status,
     )
     try:
         if args.once:

@@ -73,6 +73,10 @@ class Options:
     # dcgm-exporter's --kubernetes-enable-dra: a device DRA claims hold, once per pod container
     # holding it, with the claim's dra_* labels (in 4.8's label set).
     dra: bool = False
+    # --dra-claim-status: the claims' status names a DynamicMIG instance's uuid (the updater's
+    # --dra-claim-status, as the DRA driver's #1456 designs it): such an instance is attributed
+    # as any other device; off, it is not, as dcgm-exporter 4.8 cannot.
+    dra_claim_status: bool = False
     energy: EnergyMeter = field(default_factory=EnergyMeter, compare=False, repr=False)
 
 
@@ -195,7 +199,7 @@ def _subjects(
         ]
         subjects = gpu_subjects(
             plan.labels, reading, plan.gpu.status, instances if plan.mig else None,
-            options.virtual_gpus, options.dra,
+            options.virtual_gpus, options.dra, options.dra_claim_status,
         )  # fmt: skip
         which = {id(r): k for k, r in enumerate(per_instance)}
         shape += [(g, which.get(id(r), -1)) for _, _, r in subjects]

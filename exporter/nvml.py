@@ -342,7 +342,7 @@ def entities(
         reading = _reading(gpu.values)
         out += gpu_subjects(
             labels, reading, status, instances if gpu.mig else None, options.virtual_gpus,
-            options.dra,
+            options.dra, options.dra_claim_status,
         )  # fmt: skip
     return out
 

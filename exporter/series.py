@@ -63,6 +63,7 @@ def gpu_subjects(
     instances: Sequence[InstanceSeries] | None,
     virtual_gpus: bool,
     dra: bool = False,
+    claim_status: bool = False,
 ) -> list[Subject]:
     """The series subjects of one GPU: its own with MIG off (`instances` None, `status` naming
     its pods), else one per instance, or its GPU-level one when it has no instance. With `dra`
@@ -73,13 +74,14 @@ def gpu_subjects(
             ("modelName", gpu.model))  # fmt: skip
     tail = ((gpu.hostname_label, gpu.hostname), *gpu.fields)
     if instances is None:
-        pods = dra_holders(status, None) if dra else []
+        pods = dra_holders(status, None, claim_status) if dra else []
         pods = pods or holders(status, virtual_gpus)
         return [(GPU, base + tail + pod, reading) for pod in pods]
     out: list[Subject] = [] if instances else [(EMPTY, base + tail + holder(None), reading)]
     for inst in instances:
         mig = (("GPU_I_PROFILE", inst.profile), ("GPU_I_ID", str(inst.gpu_instance_id)))
-        pods = dra_holders(inst.status, (inst.uuid or "", inst.profile)) if dra else []
+        named = (inst.uuid or "", inst.profile)
+        pods = dra_holders(inst.status, named, claim_status) if dra else []
         pods = pods or holders(inst.status, virtual_gpus)
         out += [(MIG, base + mig + tail + pod, inst.reading) for pod in pods]
     return out
@@ -102,15 +104,18 @@ def _unattributed(c: DraClaim) -> None:
              c.claim_namespace, c.claim, c.device, c.pool)  # fmt: skip
 
 
-def dra_holders(status: DeviceStatus | None, mig: tuple[str, str] | None) -> list[Labels]:
+def dra_holders(
+    status: DeviceStatus | None, mig: tuple[str, str] | None, claim_status: bool = False
+) -> list[Labels]:
     """One label set per pod container a DRA claim gives the device, in dcgm-exporter's order
     (its attributes sorted by name); `mig` is a MIG device's (uuid, profile). A holder a
     document lists twice is one series, never two samples that would fail the scrape. An
     instance made for a claim (DynamicMIG) has none: its slice device names no uuid, so
-    dcgm-exporter (up to 4.8.4) cannot map it to the claim."""
+    dcgm-exporter (up to 4.8.4) cannot map it to the claim; with `claim_status` the claim's
+    status names it (the driver's #1456), and it has them."""
     out: list[Labels] = []
     for c in status.dra_claims if status else ():
-        if c.made:
+        if c.made and not claim_status:
             _unattributed(c)
             continue
         a = c.holder

@@ -14,7 +14,7 @@ which the `dra` placement policy puts on the node's devices. Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from status_updater.objects import DRA_REFS, Obj, metadata, names, pod_uid, strings
@@ -39,6 +39,9 @@ class Claim:
     name: str
     allocations: tuple[Allocation, ...]  # none: not allocated, or no device of the driver
     reserved_for: frozenset[str]  # pod uids, and `name:<pod>` where a reference has no uid
+    # What its `status.devices` says of the driver's devices, (pool, device, uuid) each (what
+    # `--dra-claim-status` wrote): not what placement reads, so not compared.
+    devices_status: frozenset[tuple[str, str, str]] = field(default=frozenset(), compare=False)
 
     @property
     def key(self) -> ClaimKey:
@@ -64,8 +67,13 @@ def read_claim(obj: Obj) -> Claim:
     for ref in _list(status.get("reservedFor")) if found else ():
         if ref.get("resource", "pods") == "pods":
             reserved.add(str(ref["uid"]) if ref.get("uid") else f"name:{ref.get('name')}")
+    written = frozenset(
+        (str(d.get("pool", "")), str(d.get("device", "")), str(strings(d.get("data")).get("uuid")))
+        for d in _list(status.get("devices"))
+        if d.get("driver") == dra.DRIVER
+    )
     return Claim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""), found,
-                 frozenset(reserved))  # fmt: skip
+                 frozenset(reserved), written)  # fmt: skip
 
 
 def used(pod: Obj) -> set[ClaimKey]:

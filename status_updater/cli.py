@@ -17,7 +17,13 @@ from common.process import CLUSTER_ENVIRONMENT, not_utf8
 from common.yamlload import SafeDumper
 from kube.api import BURST, QPS, Pace, port
 from status_updater.devices import build_node
-from status_updater.dra import SELECTED, DraOptions, add_dra_arguments, node_slimmer
+from status_updater.dra import (
+    SELECTED,
+    DraOptions,
+    add_claim_status_argument,
+    add_dra_arguments,
+    node_slimmer,
+)
 from status_updater.inputs import InputError, load_objects
 from status_updater.leader import CLIENT_GO, Timing
 from status_updater.objects import Obj, is_gpu_node, node_name
@@ -34,7 +40,8 @@ EXIT_OK, EXIT_USAGE = 0, 2
 # Every variable the updater reads: one that is not UTF-8 is refused at the start.
 ENVIRONMENT = (*CLUSTER_ENVIRONMENT, "LEASE_NAME", "POD_NAME", "MIG_PARTED_CONFIG",
                "RESYNC_SECONDS", "METRICS_PORT", "METRICS_ADDRESS", "DRA_NODE_SELECTOR",
-               "DRA_DYNAMIC_MIG", "DRA_SLICE_LAYOUT", "DRA_LIST_TYPE_ATTRIBUTES", "KUBE_API_QPS",
+               "DRA_DYNAMIC_MIG", "DRA_SLICE_LAYOUT", "DRA_LIST_TYPE_ATTRIBUTES", "DRA_CLAIM_STATUS",
+               "KUBE_API_QPS",
                "KUBE_API_BURST", "LEASE_DURATION_SECONDS",
                "RENEW_DEADLINE_SECONDS", "RETRY_PERIOD_SECONDS")  # fmt: skip
 
@@ -306,6 +313,7 @@ def _run_arguments(live: argparse.ArgumentParser) -> None:
         "(env RETRY_PERIOD_SECONDS, default %(default)s)",
     )
     add_dra_arguments(live)
+    add_claim_status_argument(live)
 
 
 def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:

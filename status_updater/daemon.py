@@ -10,6 +10,7 @@ import threading
 import kubernetes
 
 from kube.api import ConfigError, Pace, api_client, paced
+from status_updater.claimstatus import ClaimStatusWriter
 from status_updater.controller import Controller, Writer
 from status_updater.dra import DraOptions
 from status_updater.leader import CLIENT_GO, LeaderElector, Timing
@@ -113,8 +114,9 @@ def _components(
         else PerNodeWriter(core, namespace)
     )
     if dra is not None:
-        slices = SliceWriter(kubernetes.client.ResourceV1Api(client), dra)
-        writer = WithSlices(writer, slices)
+        resource = kubernetes.client.ResourceV1Api(client)
+        claims = ClaimStatusWriter(resource) if dra.claim_status else None
+        writer = WithSlices(writer, SliceWriter(resource, dra), claims)
     controller = Controller(
         core, writer, resync_s=resync_s, mig_parted_config=mig_parted_config, dra=dra
     )

@@ -57,12 +57,24 @@ def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_claim_status_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dra-claim-status",
+        action="store_true",
+        default=env_switch("DRA_CLAIM_STATUS"),
+        help="write each claim's devices with their uuids into its status.devices, as the "
+        "driver's issue #1456 designs it, for an exporter to attribute DynamicMIG instances "
+        "by (env DRA_CLAIM_STATUS=true)",
+    )
+
+
 @dataclass(frozen=True)
 class DraOptions:
     selector_text: str  # "" selects every GPU node
     dynamic_mig: bool = False
     slice_layout: str = SPLIT
     list_attributes: bool = False
+    claim_status: bool = False
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> DraOptions:
@@ -71,6 +83,7 @@ class DraOptions:
             args.dra_dynamic_mig,
             args.dra_slice_layout,
             args.dra_list_type_attributes,
+            getattr(args, "dra_claim_status", False),  # `run`'s alone
         )
 
     def slices(self) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from kube.api import (
     send_json,
     usable_version,
 )
+from status_updater.claimstatus import ClaimStatusWriter
 from status_updater.controller import Writer
 from status_updater.dra import SELECTED, DraOptions
 from status_updater.objects import metadata, node_name, strings
@@ -583,8 +584,10 @@ class WithSlices:
     """A topology writer (`controller.Writer`) that also publishes the ResourceSlices. The
     ConfigMaps never wait on the slices: an API without `resource.k8s.io/v1` stops only them."""
 
-    def __init__(self, writer: Writer, slices: SliceWriter) -> None:
-        self.writer, self.slices = writer, slices
+    def __init__(
+        self, writer: Writer, slices: SliceWriter, claims: ClaimStatusWriter | None = None
+    ) -> None:
+        self.writer, self.slices, self.claims = writer, slices, claims
         self.what = f"{writer.what} and {slices.what}"
 
     def informers(self, stop: threading.Event, wake: Callable[[], None]) -> list[threading.Thread]:
@@ -605,6 +608,11 @@ class WithSlices:
             self.slices.sync(state, changed, full)
         except Exception as e:  # the ConfigMaps are written: only the slices wait and retry
             self.slices.pass_failed(e)
+        if self.claims is not None:  # after the placement it says, as the driver after prepare
+            try:
+                self.claims.sync(state, full)
+            except Exception as e:  # API trouble: again at the next pass
+                log.warning("%s: %s; retrying", self.claims.what, describe(e))
 
     def leading(self, leading: bool) -> None:
         self.writer.leading(leading)

@@ -82,6 +82,8 @@ class ClusterState:
         # asks for them for every claimant of every id claimed twice.
         self._own: dict[str, frozenset[str]] = {}
         self.claims: dict[dra_claims.ClaimKey, dra_claims.Claim] = {}  # allocated DRA claims
+        # What claims' `status.devices` say of the driver's devices (`Claim.devices_status`).
+        self.claims_status: dict[dra_claims.ClaimKey, frozenset[tuple[str, str, str]]] = {}
         self._claim_users: dict[dra_claims.ClaimKey, set[str]] = {}  # -> keys of pods using it
         self._strategies: Counter[str | None] = Counter()
         self._rebuild: set[str] = set()  # Node changed: devices and allocations
@@ -186,8 +188,11 @@ class ClusterState:
         elif self.claims.get(claim.key) != claim:
             self.claims[claim.key] = claim
             self._claim_changed(claim.key)
+        if claim.devices_status:  # kept while it says something, allocated or not
+            self.claims_status[claim.key] = claim.devices_status
 
     def delete_claim(self, key: dra_claims.ClaimKey) -> None:
+        self.claims_status.pop(key, None)
         if self.claims.pop(key, None) is not None:
             self._claim_changed(key)
 

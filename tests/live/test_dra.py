@@ -30,7 +30,7 @@ DRA_LABELS = ("dra_claim_name", "dra_claim_namespace", "dra_device_name", "dra_d
               "dra_pool_name")  # fmt: skip
 
 
-def start(d: Daemons, *updater_args: str) -> str:
+def start(d: Daemons, *updater_args: str, exporter_args: tuple[str, ...] = ()) -> str:
     """The cluster's objects, the updater publishing for type=kwok, and the exporter's URL."""
     for node in NODES.values():
         d.kube.create("nodes", copy.deepcopy(node))
@@ -39,7 +39,8 @@ def start(d: Daemons, *updater_args: str) -> str:
     for template in TEMPLATES:
         d.kube.create("resourceclaimtemplates", template, namespace=NS)
     d.updater("updater-0", "--dra-node-selector", "type=kwok", *updater_args)
-    return d.exporter("--all-nodes", "--node-selector", "type=kwok", "--kubernetes-enable-dra")
+    return d.exporter("--all-nodes", "--node-selector", "type=kwok", "--kubernetes-enable-dra",
+                      *exporter_args)  # fmt: skip
 
 
 def pool(kube: KubeAPI, node: str) -> list[dict[str, Any]]:
@@ -205,4 +206,47 @@ def test_dynamic_mig_makes_the_instance_a_claim_is_given_and_one_bad_claim_harms
         kube.patch("resourceclaims", claim, {"status": {"allocation": None, "reservedFor": None}},
                    NS)  # fmt: skip
         eventually(lambda: not instances(), timeout=10)
+        assert "Traceback" not in d.log("updater-0") + d.log("exporter")
+
+
+def test_claim_status_names_a_dynamic_instance_and_the_exporter_attributes_it_by_it(
+    tmp_path: Path,
+) -> None:
+    """--dra-claim-status on both: the updater writes the claim's device with the uuid of the
+    instance made for it into status.devices (the driver's #1456 design), keeping another
+    driver's entry, and clears it on release; the exporter serves the instance with the claim's
+    labels and that uuid as dra_mig_device_uuid."""
+    with running(tmp_path) as d:
+        kube = d.kube
+        url = start(d, "--dra-dynamic-mig", "--dra-claim-status",
+                    exporter_args=("--dra-claim-status",))  # fmt: skip
+        slices = eventually(lambda: published(kube, "dra-h100"), timeout=20)
+        pod = kube.create("pods", pod_with_template("half", "mig-1g5gb"), namespace=NS)
+        claim = claim_from_template(kube, pod)
+        other = {"driver": "net.example.com", "pool": "dra-h100", "device": "nic-0",
+                 "conditions": [], "data": {"mac": "00:00:5e:00:53:01"}}  # fmt: skip
+        kube.patch("resourceclaims", claim, {"status": {"devices": [other]}}, NS)
+        device = Allocator(slices).allocate("mig", "3g.40gb")
+        assert device is not None
+        allocate(kube, claim, pod, "dra-h100", device["name"])
+
+        def said() -> list[dict[str, Any]]:
+            return kube.get("resourceclaims", claim, NS)["status"].get("devices") or []
+
+        found = eventually(lambda: [e for e in said() if e["driver"] == "gpu.nvidia.com"],
+                           timeout=10)  # fmt: skip
+        (entry,) = found
+        assert (entry["pool"], entry["device"]) == ("dra-h100", device["name"])
+        assert [c["type"] for c in entry["conditions"]] == ["Ready"]
+        assert other in said()
+        (series,) = eventually(lambda: held(url, "half"), timeout=10)
+        labels = dict(series.labels)
+        assert labels["dra_device_name"] == device["name"]
+        assert labels["dra_mig_device_uuid"] == entry["data"]["uuid"]
+        assert entry["data"]["uuid"].startswith("MIG-")
+
+        # Released: the entry goes, another driver's stays.
+        kube.patch("resourceclaims", claim, {"status": {"allocation": None, "reservedFor": None}},
+                   NS)  # fmt: skip
+        eventually(lambda: said() == [other], timeout=10)
         assert "Traceback" not in d.log("updater-0") + d.log("exporter")
