@@ -1028,6 +1028,7 @@ def test_dra_install() -> None:
             mp.setenv(key, value)
         args = updater_parser().parse_args(updater["args"][1:])  # after `python -m status_updater`
     assert (args.dra_node_selector, args.dra_dynamic_mig) == ("type=kwok", False)
+    assert not args.dra_claim_status
     [exporter] = find(rendered, "StatefulSet", ALL_NODES)["spec"]["template"]["spec"]["containers"]
     selector = exporter["args"][exporter["args"].index("--node-selector") + 1]
     assert selector == args.dra_node_selector
@@ -1043,10 +1044,15 @@ def test_dra_install() -> None:
         assert allowed(cluster, verb, "resourceclaims", "resource.k8s.io", "c"), verb
     for verb in ("create", "update", "patch", "delete"):
         assert not allowed(cluster, verb, "resourceclaims", "resource.k8s.io", "c"), verb
+    # --dra-claim-status (DRA_CLAIM_STATUS, off as installed): a patch of a claim's status only.
+    assert allowed(cluster, "patch", "resourceclaims/status", "resource.k8s.io", "c")
+    for verb in ("create", "update", "delete"):
+        assert not allowed(cluster, verb, "resourceclaims/status", "resource.k8s.io", "c"), verb
     assert not allowed(cluster, "create", "deviceclasses", "resource.k8s.io")
     granted = {(g, r) for rule in cluster for g in rule["apiGroups"] for r in rule["resources"]}
     assert granted == {("", "nodes"), ("", "pods"), ("resource.k8s.io", "resourceslices"),
-                       ("resource.k8s.io", "resourceclaims")}  # fmt: skip
+                       ("resource.k8s.io", "resourceclaims"),
+                       ("resource.k8s.io", "resourceclaims/status")}  # fmt: skip
     # The exporters get nothing of DRA: they read ConfigMaps.
     for account in (EXPORTER, ALL_NODES):
         rules = [r for found in bound_rules(rendered, account) for r in found]
