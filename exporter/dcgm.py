@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from exporter import readings
@@ -174,8 +174,17 @@ def _read(
     return [readings.read_plan(p.reads, now, energy) for p in plans]
 
 
+def _for_node(node: NodeTopology, options: Options) -> Options:
+    """The options with the node's own driver, where its document names one (a DRA node: what
+    its slices say), over --driver-version."""
+    if node.driver_version is None or node.driver_version == options.driver_version:
+        return options
+    return replace(options, driver_version=node.driver_version)
+
+
 def entities(node: NodeTopology, options: Options, now: float) -> list[Subject]:
     """Every series subject of the node in dcgm-exporter's order: (kind, labels, reading)."""
+    options = _for_node(node, options)
     return _subjects(node, _plans(node, options), options, now)[0]
 
 
@@ -305,6 +314,7 @@ class NodeSeries:
     __slots__ = ("_parts", "_plans", "_shape", "_values", "node", "options", "texts")
 
     def __init__(self, node: NodeTopology, options: Options, now: float) -> None:
+        options = _for_node(node, options)
         self.node, self.options = node, options
         self._plans = _plans(node, options)
         subjects, self._shape = _subjects(node, self._plans, options, now)

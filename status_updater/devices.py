@@ -15,9 +15,10 @@ Ids are uuid5 of node, GPU index (and GI): stable across runs, restarts and repl
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import replace
 
-from status_updater.dra import DYNAMIC
+from status_updater.dra import DYNAMIC, SELECTED
 from status_updater.dynamic_mig import runai_mig_devices
 from status_updater.objects import (
     QUANTITY,
@@ -28,7 +29,7 @@ from status_updater.objects import (
     static_layout,
     strings,
 )
-from topology import migparted, runai
+from topology import dra, migparted, runai
 from topology.catalog import MIG_SUFFIX, GpuModel, model_for_product
 from topology.errors import TopologyError
 from topology.model import Gpu, MigDevice, NodeTopology, Sharing
@@ -83,10 +84,20 @@ def build_node(
             topo = whole_gpu_node(name, labels, model, product, sharing)
         if node.get(DYNAMIC) and model is not None:
             topo = _instances_destroyed(topo, model)
+    if node.get(SELECTED):  # a DRA node: the exporter names the driver its slices name
+        topo = replace(topo, driver_version=dra_driver(raw))
     errors = node_errors(name, topo)
     if errors:
         raise errors[0]
     return topo
+
+
+def dra_driver(labels: Mapping[str, str]) -> str:
+    """A DRA node's driver in NVML's form: GFD's labels, or the DRA driver's default."""
+    parts = [labels.get(k) for k in dra.LABEL_DRIVER]
+    if all(p is None for p in parts):
+        return dra.DRA_DRIVER
+    return ".".join(p or "0" for p in parts)
 
 
 def _instances_destroyed(topo: NodeTopology, model: GpuModel) -> NodeTopology:

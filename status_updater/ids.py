@@ -37,7 +37,7 @@ def without_id(node: NodeTopology, uid: str) -> NodeTopology:
     )
     return NodeTopology(
         node.gpu_count, node.gpu_memory, node.gpu_product, node.is_dynamic_mig_enabled, gpus,
-        node.sharing,
+        node.sharing, node.driver_version,
     )  # fmt: skip
 
 

@@ -116,6 +116,9 @@ class NodeTopology:
     is_dynamic_mig_enabled: bool = False
     gpus: tuple[Gpu, ...] = ()
     sharing: Sharing | None = None
+    # The node's NVIDIA driver, where its document names it (a DRA node: what its slices say),
+    # in NVML's form (`580.65.06`); None: the exporter's --driver-version.
+    driver_version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +164,8 @@ def dump_yaml(topology: Topology) -> str:
         if node.sharing is not None:
             out += ["    sharing:", f"      strategy: {q(node.sharing.strategy)}",
                     f"      replicas: {node.sharing.replicas}"]  # fmt: skip
+        if node.driver_version is not None:
+            out.append(f"    driver-version: {q(node.driver_version)}")
     return "\n".join(out) + "\n"
 
 
@@ -389,6 +394,7 @@ def _node_from(n: _Reader) -> NodeTopology:
         is_dynamic_mig_enabled=n.boolean("is-dynamic-mig-enabled"),
         gpus=tuple(gpus),
         sharing=_sharing_from(n.sub("sharing")) if n.has("sharing") else None,
+        driver_version=n.string("driver-version") if n.has("driver-version") else None,
     )
 
 

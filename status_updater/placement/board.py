@@ -66,8 +66,9 @@ class Board:
             for g, m in zip(self.gpus, self.migs, strict=True)
         )
         return NodeTopology(
-            n.gpu_count, n.gpu_memory, n.gpu_product, n.is_dynamic_mig_enabled, gpus, n.sharing
-        )
+            n.gpu_count, n.gpu_memory, n.gpu_product, n.is_dynamic_mig_enabled, gpus, n.sharing,
+            n.driver_version,
+        )  # fmt: skip
 
     def free_gpus(self, uid: str) -> list[int]:
         """The free whole GPUs, those the pod held before first."""

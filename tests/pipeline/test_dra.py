@@ -223,3 +223,37 @@ def test_a_holder_listed_twice_in_a_topology_is_served_once(tmp_path: Path) -> N
     doubled.write_text("".join(lines[:at] + block + block + lines[at + len(block) :]))
     served = held(serve(doubled))  # serve() fails on any duplicate sample
     assert ("infer-small", "gpu-0-mig-1g5gb-19-2") in served
+
+
+def test_a_dra_nodes_series_name_the_driver_its_slices_name(tmp_path: Path) -> None:
+    """Each DRA node's series carry the driver its slices say (its GFD labels, or the DRA
+    driver's default 580.65.06), whatever the exporter's --driver-version; a node DRA does not
+    select keeps the flag's."""
+    nodes = list(yaml.safe_load_all((DRA / "nodes.yaml").read_text()))
+    labels = nodes[0]["metadata"]["labels"]  # dra-a100: driver 570.172.08
+    labels.update({"nvidia.com/cuda.driver.major": "570", "nvidia.com/cuda.driver.minor": "172",
+                   "nvidia.com/cuda.driver.rev": "08"})  # fmt: skip
+    for key in ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor",
+                "nvidia.com/cuda.driver.rev"):  # fmt: skip
+        del nodes[1]["metadata"]["labels"][key]  # dra-h100: no driver labels
+    nodes[2]["metadata"]["labels"]["type"] = "real"  # dra-a100-80gb: not a DRA node
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump_all(nodes))
+    sliced = run_cli("status_updater", "render", "--nodes", str(path), "--resource-slices",
+                     "--dra-node-selector", "type=kwok", "--dra-dynamic-mig")  # fmt: skip
+    said: dict[str, set[str]] = {}
+    for item in yaml.safe_load(sliced.stdout)["items"]:
+        for d in item["spec"].get("devices", []):
+            version = d["attributes"]["driverVersion"]["version"]
+            said.setdefault(item["spec"]["nodeName"], set()).add(version)
+    assert said == {"dra-a100": {"570.172.8"}, "dra-h100": {"580.65.6"}}
+    done = run_cli("status_updater", "render", "--nodes", str(path), "--dra-node-selector",
+                   "type=kwok")  # fmt: skip
+    topology = tmp_path / "topology.yaml"
+    topology.write_text(done.stdout)
+    served = run_cli("exporter", "--topology-file", str(topology), "--all-nodes", "--once",
+                     "--kubernetes-enable-dra", "--driver-version", "520.56.06")  # fmt: skip
+    found = {(s.label("hostname"), s.label("DCGM_FI_DRIVER_VERSION")) for s in parse(served.stdout)
+             if "DCGM_FI_DRIVER_VERSION" in s.label_names}  # fmt: skip
+    assert found == {("dra-a100", "570.172.08"), ("dra-h100", "580.65.06"),
+                     ("dra-a100-80gb", "520.56.06")}  # fmt: skip

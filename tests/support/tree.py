@@ -78,4 +78,6 @@ def to_dict(topology: Topology) -> dict[str, Any]:
         if node.sharing is not None:
             sharing = {"strategy": node.sharing.strategy, "replicas": node.sharing.replicas}
             nodes[name]["sharing"] = sharing
+        if node.driver_version is not None:
+            nodes[name]["driver-version"] = node.driver_version
     return {"mig-strategy": topology.mig_strategy, "nodes": nodes}
