@@ -15,7 +15,6 @@ Ids are uuid5 of node, GPU index (and GI): stable across runs, restarts and repl
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from dataclasses import replace
 
 from status_updater.dra import DYNAMIC, SELECTED
@@ -85,19 +84,11 @@ def build_node(
         if node.get(DYNAMIC) and model is not None:
             topo = _instances_destroyed(topo, model)
     if node.get(SELECTED):  # a DRA node: the exporter names the driver its slices name
-        topo = replace(topo, driver_version=dra_driver(raw))
+        topo = replace(topo, driver_version=dra.labelled(raw, dra.LABEL_DRIVER, dra.DRA_DRIVER))
     errors = node_errors(name, topo)
     if errors:
         raise errors[0]
     return topo
-
-
-def dra_driver(labels: Mapping[str, str]) -> str:
-    """A DRA node's driver in NVML's form: GFD's labels, or the DRA driver's default."""
-    parts = [labels.get(k) for k in dra.LABEL_DRIVER]
-    if all(p is None for p in parts):
-        return dra.DRA_DRIVER
-    return ".".join(p or "0" for p in parts)
 
 
 def _instances_destroyed(topo: NodeTopology, model: GpuModel) -> NodeTopology:

@@ -70,12 +70,8 @@ class _Parent:
 
 
 def _label_version(labels: Mapping[str, str], keys: tuple[str, ...], default: str, obj: str) -> str:
-    parts = [labels.get(k) for k in keys]
-    if all(p is None for p in parts):
-        return dra.version(default)
-    text = ".".join(p or "0" for p in parts)
     try:
-        return dra.version(text)
+        return dra.version(dra.labelled(labels, keys, default))
     except ValueError as e:
         raise TopologyError(obj, f"metadata.labels[{keys[0]}]", str(e)) from None
 

@@ -12,6 +12,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from topology.catalog import GpuModel, Profile
@@ -91,6 +92,15 @@ def pcie_root(index: int) -> str:
 
 def numa_node(index: int) -> int:
     return (index % len(_BUSES)) // 4
+
+
+def labelled(labels: Mapping[str, str], keys: tuple[str, ...], default: str) -> str:
+    """A version as GFD's labels `keys` spell it (`580.65.06`: a missing part is 0), or
+    `default` where the node has none of them."""
+    parts = [labels.get(k) for k in keys]
+    if all(p is None for p in parts):
+        return default
+    return ".".join(p or "0" for p in parts)
 
 
 def version(text: str) -> str:
