@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import kubernetes
@@ -37,21 +37,21 @@ log = logging.getLogger(__name__)
 Said = frozenset[tuple[str, str, str]]  # (pool, device, uuid)
 
 
-def held(state: ClusterState) -> dict[ClaimKey, Said]:
-    """Per claim, the devices it holds on the nodes DRA selects, with their uuids."""
+def held(state: ClusterState, node: str) -> dict[ClaimKey, set[tuple[str, str, str]]]:
+    """Per claim, the devices it holds on `node` if DRA selects it, with their uuids."""
     out: dict[ClaimKey, set[tuple[str, str, str]]] = {}
-    for name, result in state.results.items():
-        slim = state.nodes.get(name)
-        if not isinstance(result, NodeTopology) or slim is None or not slim.get(SELECTED):
-            continue
-        for gpu in result.gpus:
-            devices: list[tuple[DeviceStatus | None, str | None]] = [(gpu.status, gpu.id)]
-            devices += [(m.status, m.id) for m in gpu.mig_devices or ()]
-            for status, uuid in devices:
-                for c in status.dra_claims if status and uuid else ():
-                    key = (c.claim_namespace, c.claim)
-                    out.setdefault(key, set()).add((c.pool, c.device, str(uuid)))
-    return {key: frozenset(found) for key, found in out.items()}
+    result, slim = state.results.get(node), state.nodes.get(node)
+    if not isinstance(result, NodeTopology) or slim is None or not slim.get(SELECTED):
+        return out
+    for gpu in result.gpus:
+        devices: list[tuple[DeviceStatus | None, str | None]] = [(gpu.status, gpu.id)]
+        devices += [(m.status, m.id) for m in gpu.mig_devices or ()]
+        for status, uuid in devices:
+            for c in status.dra_claims if status and uuid else ():
+                out.setdefault((c.claim_namespace, c.claim), set()).add(
+                    (c.pool, c.device, str(uuid))
+                )
+    return out
 
 
 def _now() -> str:
@@ -79,13 +79,26 @@ class ClaimStatusWriter:
     def __init__(self, api: kubernetes.client.ResourceV1Api) -> None:
         self.api = api
         self._written: dict[ClaimKey, Said] = {}  # what each claim was last written, until a resync
+        # The claims each node's devices hold (nodes holding none left out): made again for the
+        # nodes whose placement changed, not for every node at every pass.
+        self._by_node: dict[str, dict[ClaimKey, set[tuple[str, str, str]]]] = {}
         self._said: dict[ClaimKey, str] = {}  # the problem last said about a claim
         self._wrote: list[str] = []
 
-    def sync(self, state: ClusterState, full: bool) -> None:
+    def sync(self, state: ClusterState, changed: Iterable[str], full: bool) -> None:
         if full:
             self._written = {}  # someone may have changed one since: compare everything
-        wanted = held(state)
+            self._by_node = {}
+        for node in state.results if full else changed:
+            if found := held(state, node):
+                self._by_node[node] = found
+            else:
+                self._by_node.pop(node, None)
+        gathered: dict[ClaimKey, set[tuple[str, str, str]]] = {}
+        for found in self._by_node.values():
+            for key, devices in found.items():
+                gathered.setdefault(key, set()).update(devices)
+        wanted = {key: frozenset(devices) for key, devices in gathered.items()}
         try:
             for key in sorted(set(wanted) | set(state.claims_status)):
                 want = wanted.get(key, frozenset())

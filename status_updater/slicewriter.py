@@ -610,7 +610,7 @@ class WithSlices:
             self.slices.pass_failed(e)
         if self.claims is not None:  # after the placement it says, as the driver after prepare
             try:
-                self.claims.sync(state, full)
+                self.claims.sync(state, changed, full)
             except Exception as e:  # API trouble: again at the next pass
                 log.warning("%s: %s; retrying", self.claims.what, describe(e))
 
