@@ -98,7 +98,7 @@ def _digest(obj: Mapping[str, Any]) -> str:
 
 
 _GENERATION_0 = '"pool":{"generation":0,'
-_RESOURCE_VERSION = re.compile(rb'"resourceVersion":"([^"\\]*)"')
+_RESOURCE_VERSION = re.compile(rb'"resourceVersion"\s*:\s*"([^"\\]*)"')  # any JSON spacing
 
 
 def _version_of(answer: bytes) -> str | None:
@@ -110,26 +110,21 @@ def _version_of(answer: bytes) -> str | None:
 
 @dataclass(frozen=True)
 class _Text:
-    """One slice to write, as JSON made once: its digest, and its body under any generation.
-    `shape`: the template it was made from (None: made alone), whose first answer says whether
-    the API keeps such slices as they are sent."""
+    """One slice to write, as JSON made once: its digest, and its body under any generation."""
 
     name: str
     node: str
     meta: str
     spec: str  # generation 0
     digest: str
-    shape: object = None
 
     @classmethod
-    def of(
-        cls, body: Mapping[str, Any], spec_text: str | None = None, shape: object = None
-    ) -> _Text:
+    def of(cls, body: Mapping[str, Any], spec_text: str | None = None) -> _Text:
         meta, spec = body["metadata"], body["spec"]
         if spec_text is None:
             spec_text = _json({**spec, "pool": {**spec["pool"], "generation": 0}})
         digest = _said(meta.get("labels"), meta.get("ownerReferences"), spec_text)
-        return cls(meta["name"], spec["nodeName"], _json(meta), spec_text, digest, shape)
+        return cls(meta["name"], spec["nodeName"], _json(meta), spec_text, digest)
 
     def text(self, generation: int, version: str | None) -> bytes:
         # The spec's keys are sorted: `pool` is the first key named so, after `devices`,
@@ -193,10 +188,13 @@ class _Templates:
             return tuple(map(_Text.of, node_slices(slim, devices, **options)))
         specs = self._specs.get(shape)
         if specs is None:
-            node_slices(slim, devices, **options)  # its errors name the node, not a stand-in
             stand_in = {"kind": "Node", "metadata": {**metadata(slim), "name": _NODE, "uid": None}}
             gpus = tuple(replace(g, id=_stand_in(i)) for i, g in enumerate(devices.gpus))
-            made = node_slices(stand_in, replace(devices, gpus=gpus), **options)
+            try:
+                made = node_slices(stand_in, replace(devices, gpus=gpus), **options)
+            except TopologyError:
+                node_slices(slim, devices, **options)  # the same error, naming the node
+                raise
             specs = tuple(_Text.of(s).spec for s in made)
             if len(self._specs) >= _MAX_SHAPES:
                 self._specs.clear()
@@ -209,7 +207,7 @@ class _Templates:
             for stand, real in swaps:
                 spec = spec.replace(stand, real)
             body = {"metadata": slice_metadata(slim, i), "spec": {"nodeName": name}}
-            found.append(_Text.of(body, spec, shape))
+            found.append(_Text.of(body, spec))
         return tuple(found)
 
 
@@ -255,13 +253,13 @@ class _Desired:
 
 class SliceWriter:
     def __init__(
-        self, api: kubernetes.client.ResourceV1Api, options: DraOptions, pass_s: float = PASS_S
+        self, api: kubernetes.client.ResourceV1Api, options: DraOptions, pass_s: float | None = None
     ) -> None:
-        self.api, self.options, self.pass_s = api, options.slices(), pass_s
+        self.api, self.options = api, options.slices()
+        self.pass_s = PASS_S if pass_s is None else pass_s  # at least one node a pass
         self._todo: set[str] = set()  # nodes a pass had no time left for
         self._writing: _Text | None = None  # the slice whose write is under way
         self._templates = _Templates()
-        self._kept_shapes: set[object] = set()  # shapes whose slices the API kept as written
         self.what = "ResourceSlices"
         self.actual: dict[str, Observed] = {}  # slice name -> what it holds
         self._pools: dict[str, set[str]] = {}  # pool (node) -> its managed slices' names
@@ -269,9 +267,6 @@ class SliceWriter:
         self._listed = self._relisted = False
         self._check: set[str] = set()  # pools whose slices changed under us
         self._desired: dict[str, _Desired] = {}  # node -> its slices, kept while unchanged
-        # Slice name -> (digest written, digest of the API's answer): an API that fills in a
-        # default still holds what was written.
-        self._answers: dict[str, tuple[str, str]] = {}
         # Pool -> the newest generation written or seen: a pool written again is newer than any
         # slice of it that was seen, also one deleted since.
         self._generations: dict[str, int] = {}
@@ -396,8 +391,6 @@ class SliceWriter:
         deadline = now + self.pass_s
         try:
             for node in sorted(self._todo):
-                if time.monotonic() > deadline:
-                    break  # the rest at the next pass, once the ConfigMaps had their turn
                 self._todo.discard(node)
                 if node in self._failed and self._failed[node][0] > now:
                     continue  # refused a moment ago: its turn comes
@@ -409,6 +402,8 @@ class SliceWriter:
                     self._refuse(node, e)  # one node the API refuses never stops the others
                 else:
                     self._failed.pop(node, None)
+                if time.monotonic() > deadline:
+                    break  # the rest at the next pass, once the ConfigMaps had their turn
         finally:
             self._report()
         self._pass_failed = (0.0, 0)
@@ -465,11 +460,7 @@ class SliceWriter:
 
     def _holds(self, name: str, digest: str, generation: int) -> bool:
         current = self.actual.get(name)
-        return (
-            current is not None
-            and current.generation == generation
-            and (current.digest == digest or self._answers.get(name) == (digest, current.digest))
-        )
+        return current is not None and current.generation == generation and current.digest == digest
 
     def _sync_node(self, state: ClusterState, node: str) -> None:
         desired = self._wanted(state, node)
@@ -518,19 +509,11 @@ class SliceWriter:
             return False
         finally:
             self._writing = None
-        observed: Observed | None
-        version = _version_of(answer) if text.shape in self._kept_shapes else None
-        if version is not None:  # the API keeps such slices as sent: no need to read it all
-            observed = Observed(version, text.node, generation, text.digest)
-        else:
-            _, observed = observe(json.loads(answer))
-            if text.shape is not None and observed is not None and observed.digest == text.digest:
-                self._kept_shapes.add(text.shape)
-        self._see(name, observed)
-        if observed is not None and observed.digest != text.digest:
-            self._answers[name] = (text.digest, observed.digest)
-        else:
-            self._answers.pop(name, None)
+        # The slice is what was written, at the answer's version, whatever the API filled in or
+        # dropped (a default, counters it does not know): its watch echo and any later list at
+        # that version are taken as that (`_observe`), so a slice the API changed is not written
+        # again and again. Only a new version (someone's edit) is digested as the API holds it.
+        self._see(name, Observed(_version_of(answer), text.node, generation, text.digest))
         self._wrote.append(name)
         return True
 
@@ -568,7 +551,6 @@ class SliceWriter:
             if e.status != 404:
                 raise
         self._see(name, None)
-        self._answers.pop(name, None)
         self._deleted.append(name)
 
     def _report(self) -> None:

@@ -5,6 +5,7 @@ the emulator over HTTP, with the official client."""
 from __future__ import annotations
 
 import copy
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from status_updater import slicewriter
 from status_updater.devices import build_node
 from status_updater.dra import DraOptions, node_slimmer
 from status_updater.resourceslices import node_slices
@@ -28,6 +30,7 @@ from tests.support.kubeapi import JournalEntry, KubeAPI, eventually
 from tests.support.rbac import allowed, request_of
 from topology.catalog import MODELS, GpuModel
 from topology.configmap import LABEL_MANAGED_BY, MANAGER
+from topology.errors import TopologyError
 
 NODES = list(yaml.safe_load_all((SAMPLES / "dra" / "nodes.yaml").read_text()))
 KWOK = DraOptions("type=kwok", dynamic_mig=True)
@@ -357,3 +360,74 @@ def test_a_leader_keeps_its_lease_while_it_publishes_against_a_slow_api(
         assert "acquired leadership" in said
         assert "lost leadership" not in said  # only at the shutdown, when it is released
         assert len({s["spec"]["nodeName"] for s in kube.list_objects("resourceslices")}) == nodes
+
+
+def _no_counters(obj: dict[str, Any]) -> None:
+    """An API server without DRAPartitionableDevices: the counters it does not know are gone."""
+    spec = obj.get("spec") or {}
+    spec.pop("sharedCounters", None)
+    for device in spec.get("devices") or ():
+        device.pop("consumesCounters", None)
+
+
+def test_an_api_that_changes_what_it_stores_has_each_pool_written_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the API answered is what it holds: after the watch lists again (410) and at a
+    resync, the slices it changed are not written again, forever. A shape whose first answer
+    differs is never taken on trust."""
+    with KubeAPI.start() as kube:
+        kube.call(lambda emu: emu.rewrites.__setitem__("resourceslices", _no_counters))
+        for name in ("dra-h100", "dra-a100"):
+            kube.create("nodes", sample(name))
+
+        def scenario() -> None:
+            eventually(lambda: len(pool(kube, "dra-h100")) == 2 and len(pool(kube, "dra-a100")) == 3,
+                       timeout=10)  # fmt: skip
+            assert not any("consumesCounters" in d for s in pool(kube, "dra-h100").values()
+                           for d in s["spec"].get("devices", []))  # fmt: skip
+            time.sleep(1.0)
+            written = len(slice_writes(kube))
+            kube.expire_watches(10)  # every watch lists again: the slices are judged anew
+            kube.cut_watches()
+            time.sleep(4.0)  # past the 3 s resync, and the pass the relist starts
+            assert len(slice_writes(kube)) == written
+
+        assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 3.0, scenario, KWOK) == 0
+
+
+def test_a_pass_writes_at_least_one_node_and_leaves_the_rest_for_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no time for a pass at all, each pass still publishes a node: every node is
+    published, over as many passes."""
+    monkeypatch.setattr(slicewriter, "PASS_S", 0.0)
+    with KubeAPI.start() as kube:
+        names = [f"kwok-{i}" for i in range(6)]
+        for name in names:
+            node = sample("dra-a100-80gb")
+            node["metadata"]["name"] = name
+            kube.create("nodes", node)
+
+        def scenario() -> None:
+            eventually(lambda: all(pool(kube, n) for n in names), timeout=15)
+
+        assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario, STATIC) == 0
+
+
+def test_a_template_whose_node_cannot_be_built_names_the_node() -> None:
+    node = gpu_node("bad-node", "NVIDIA-H100-80GB-HBM3", 2, "all-enabled", True,
+                    **{"nvidia.com/cuda.driver.major": "five"})  # fmt: skip
+    with pytest.raises(TopologyError, match=r"^node bad-node: metadata\.labels"):
+        _Templates().texts(node, build_node(node), KWOK.slices())
+
+
+@pytest.mark.parametrize("separators", [(",", ":"), (", ", ": ")])
+def test_an_answers_version_is_its_metadatas_however_the_api_spaces_its_json(
+    separators: tuple[str, str],
+) -> None:
+    answer = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+              "metadata": {"name": "s", "resourceVersion": "41"},
+              "spec": {"devices": [{"name": "gpu-0", "attributes": {
+                  "resourceVersion": {"string": "9"}}}]}}  # fmt: skip
+    assert slicewriter._version_of(json.dumps(answer, separators=separators).encode()) == "41"

@@ -309,6 +309,8 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
     _slow_until: float = attrs.field(default=0.0, init=False)
     _slow_delay: float = attrs.field(default=0.0, init=False)
     _slow_plural: str | None = attrs.field(default=None, init=False)
+    # plural -> what the API changes in an object it stores (defaults, dropped fields)
+    rewrites: dict[str, Callable[[Obj], None]] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -493,6 +495,8 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
 
     def _commit(self, key: ObjKey, type_: str, new: Obj, old: Obj | None) -> None:
         """Stamp a new resourceVersion, store the version, and log it for the watchers."""
+        if type_ != "DELETED" and (rewrite := self.rewrites.get(key[0].plural)) is not None:
+            rewrite(new)
         self.resource_version += 1
         kind = _kind_of(key[0])  # the apiserver always fills these in, even if PUT/PATCH drop them
         new.update(kind=kind.kind, apiVersion=kind.api_version)
