@@ -495,25 +495,26 @@ class SliceWriter:
         current = self.actual.get(name)
         client = self.api.api_client
         path = "/apis/resource.k8s.io/v1/resourceslices"
-        self._writing = text
+        self._writing = text  # its echo waits to be judged until its answer is recorded
         try:
-            if current is None:
-                answer = send_json(client, "POST", path, text.text(generation, None))
-            else:
-                body = text.text(generation, current.version)
-                answer = send_json(client, "PUT", f"{path}/{name}", body)
-        except ApiException as e:
-            if e.status not in (404, 409):
-                raise
-            self._reread(name, text.node)
-            return False
+            try:
+                if current is None:
+                    answer = send_json(client, "POST", path, text.text(generation, None))
+                else:
+                    body = text.text(generation, current.version)
+                    answer = send_json(client, "PUT", f"{path}/{name}", body)
+            except ApiException as e:
+                if e.status not in (404, 409):
+                    raise
+                self._reread(name, text.node)
+                return False
+            # The slice is what was written, at the answer's version, whatever the API filled in
+            # or dropped (a default, counters it does not know): its watch echo and any later
+            # list at that version are taken as that (`_observe`), so a slice the API changed is
+            # not written again and again. Only a new version (an edit) is digested as it is.
+            self._see(name, Observed(_version_of(answer), text.node, generation, text.digest))
         finally:
             self._writing = None
-        # The slice is what was written, at the answer's version, whatever the API filled in or
-        # dropped (a default, counters it does not know): its watch echo and any later list at
-        # that version are taken as that (`_observe`), so a slice the API changed is not written
-        # again and again. Only a new version (someone's edit) is digested as the API holds it.
-        self._see(name, Observed(_version_of(answer), text.node, generation, text.digest))
         self._wrote.append(name)
         return True
 
