@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -129,15 +130,14 @@ def _topology_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--pod",
-        default=os.environ.get("POD_NAME") or None,
-        help="with --pod-namespace and --all-nodes, no --total-shards: this StatefulSet pod's "
-        "name; its replicas are the shard count, its ordinal the shard, followed as it scales "
-        "(env POD_NAME)",
+        help="with --all-nodes, no --total-shards: this StatefulSet pod's name; its replicas "
+        "are the shard count, its ordinal the shard, followed as it scales. Without the flag, "
+        "env POD_NAME and POD_NAMESPACE (the downward API's) shard only a pod a StatefulSet "
+        "owns, found on the cluster; any other pod serves every node",
     )
     p.add_argument(
         "--pod-namespace",
-        default=os.environ.get("POD_NAMESPACE") or None,
-        help="the pod's namespace, for --pod (env POD_NAMESPACE)",
+        help="the pod's namespace, for --pod (default env POD_NAMESPACE)",
     )
     p.add_argument(
         "--shard",
@@ -155,19 +155,56 @@ def _count(text: str) -> int:
     return int(text)
 
 
-def _autoshard(p: argparse.ArgumentParser, args: argparse.Namespace) -> bool:
-    """Whether the shard count is its StatefulSet's replicas (--pod and --pod-namespace)."""
-    if not (args.all_nodes and args.pod_namespace and args.total_shards is None):
-        return False
-    # A namespace asks for autosharding: without the pod, every replica would serve every node.
-    # (A pod name alone does not: a Deployment may set POD_NAME for its logs.)
-    if not args.pod:
-        p.error("--pod-namespace goes with --pod (env POD_NAME), the StatefulSet pod to shard by")
+@dataclass(frozen=True)
+class Autoshard:
+    """Sharding by the pod's StatefulSet (kube-state-metrics' autosharding): asked for with
+    `--pod`, or found, when the platform's downward API names the pod (POD_NAME, POD_NAMESPACE),
+    by looking the pod's owner up. `required`: asked for, so a pod no StatefulSet owns serves no
+    node; found: it serves every node, said once."""
+
+    pod: str
+    namespace: str
+    required: bool
+
+
+def _autoshard(p: argparse.ArgumentParser, args: argparse.Namespace) -> Autoshard | None:
+    """Whether the shard count is the pod's StatefulSet's replicas. A variable the platform sets
+    for its own reasons never stops the exporter: only flags can be a usage error."""
+    if args.pod is not None or args.pod_namespace is not None:
+        return _asked(p, args)
+    pod, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
+    if not (args.all_nodes and (pod or namespace) and args.total_shards is None):
+        return None
+    why = (
+        "env POD_NAME and POD_NAMESPACE name no pod together" if not (pod and namespace)
+        else "a topology file has no StatefulSet" if args.topology_file is not None
+        else f"pod {pod} ends in no StatefulSet ordinal" if ordinal(pod) is None
+        else None
+    )  # fmt: skip
+    if why is not None or not (pod and namespace):
+        log.info("not sharding: %s; serving every node", why)
+        return None
+    return Autoshard(pod, namespace, required=False)
+
+
+def _asked(p: argparse.ArgumentParser, args: argparse.Namespace) -> Autoshard:
+    pod = args.pod or os.environ.get("POD_NAME")
+    namespace = args.pod_namespace or os.environ.get("POD_NAMESPACE")
+    if not args.all_nodes:
+        p.error("--pod and --pod-namespace shard --all-nodes")
+    if args.total_shards is not None:
+        p.error("--pod shards by the StatefulSet's replicas: not with --total-shards")
+    if not pod:
+        p.error(
+            "--pod-namespace goes with --pod (or env POD_NAME), the StatefulSet pod to shard by"
+        )
+    if not namespace:
+        p.error("--pod goes with --pod-namespace (or env POD_NAMESPACE)")
     if args.topology_file is not None:
         p.error("--pod and --pod-namespace read the StatefulSet: not with --topology-file")
-    if ordinal(args.pod) is None:
-        p.error(f"--pod {args.pod!r} ends in no StatefulSet ordinal")
-    return True
+    if ordinal(pod) is None:
+        p.error(f"--pod {pod!r} ends in no StatefulSet ordinal")
+    return Autoshard(pod, namespace, required=True)
 
 
 def _shard(p: argparse.ArgumentParser, args: argparse.Namespace) -> Shard | None:
@@ -180,7 +217,7 @@ def _shard(p: argparse.ArgumentParser, args: argparse.Namespace) -> Shard | None
         p.error("--total-shards goes with --all-nodes")
     number = args.shard
     if number is None:
-        pod = args.pod or socket.gethostname()
+        pod = args.pod or os.environ.get("POD_NAME") or socket.gethostname()
         number = ordinal(pod)
         if number is None:
             p.error(f"--shard not given and the pod name {pod!r} ends in no ordinal")
@@ -353,12 +390,12 @@ def serve(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None =
         interval_s = args.collect_interval / 1000
         exporter = NvmlExporter(nv, options, published, interval_s, args.node_name)
     elif args.all_nodes:
-        autoshard = (
-            f"StatefulSet of pod {args.pod_namespace}/{args.pod}" if args.autoshard else None
-        )
+        autoshard = args.autoshard
         exporter = NodesExporter(
-            options, published, node_selector=args.node_selector, shard=shard, autoshard=autoshard
-        )
+            options, published, node_selector=args.node_selector, shard=shard,
+            autoshard=f"StatefulSet of pod {autoshard.namespace}/{autoshard.pod}"
+            if autoshard is not None else None,
+        )  # fmt: skip
     else:
         exporter = Exporter(args.node_name, options, published)
 
@@ -380,10 +417,12 @@ def serve(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None =
             print(f"error: {e}", file=sys.stderr)
             return EXIT_USAGE
         sources = watches(exporter, stop, client, args.layout, args.node_name, args.node_selector)
-        if args.autoshard and isinstance(exporter, NodesExporter):
+        if args.autoshard is not None and isinstance(exporter, NodesExporter):
+            found = args.autoshard
             sources.append(threading.Thread(
                 target=watch_own_statefulset,
-                args=(exporter, stop, client, args.pod, args.pod_namespace), daemon=True,
+                args=(exporter, stop, client, found.pod, found.namespace, found.required),
+                daemon=True,
             ))  # fmt: skip
     try:
         server = MetricsServer(published, args.address, args.port, web)

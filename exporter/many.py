@@ -345,9 +345,12 @@ class NodesExporter(ServedNodes):
             self.health.clear(NODES, listed)
         self.wake.set()
 
-    def reshard(self, shard: Shard | None, reason: str | None = None) -> None:
+    def reshard(
+        self, shard: Shard | None, reason: str | None = None, unsharded: str | None = None
+    ) -> None:
         """The shard count was read (its StatefulSet's replicas): serve `shard`'s nodes; None
-        with the `reason` none is served (an ordinal past the replicas: a pod going away)."""
+        with the `reason` none is served (an ordinal past the replicas: a pod going away), None
+        without one every node is (`unsharded` says why, once)."""
         with self._lock:
             if shard == self.shard and reason == self._sharding:
                 return
@@ -357,6 +360,8 @@ class NodesExporter(ServedNodes):
                 self.health.clear(SHARDS)
                 if shard is not None:
                     log.info("serving shard %d of %d", shard.ordinal, shard.total)
+                elif unsharded is not None:
+                    log.info("%s", unsharded)
             else:
                 self.health.set(SHARDS, reason)
             # Nodes this shard now serves that it left unread: read now, unless overtaken.

@@ -240,13 +240,15 @@ def watch_selected_nodes(
 
 def watch_own_statefulset(
     exporter: NodesExporter, stop: threading.Event, client: kubernetes.client.ApiClient,
-    pod: str, namespace: str,
+    pod: str, namespace: str, required: bool = True,
 ) -> None:  # fmt: skip
     """Autosharding, as kube-state-metrics': this pod's StatefulSet's replicas are the shard
-    count, the ordinal its name ends with its shard, followed as the StatefulSet is scaled."""
+    count, the ordinal its name ends with its shard, followed as the StatefulSet is scaled.
+    `required`: asked for by flag; otherwise (the platform named the pod) a pod no StatefulSet
+    owns, or one this exporter may not read, serves every node."""
     number = ordinal(pod)
     assert number is not None  # checked with the flags
-    owner = _statefulset_of(exporter, stop, client, pod, namespace)
+    owner = _statefulset_of(exporter, stop, client, pod, namespace, required)
     if owner is None:
         return
     apps = kubernetes.client.AppsV1Api(client)
@@ -272,26 +274,42 @@ def watch_own_statefulset(
                 on_list=lambda: exporter.shard_count_unread(None))  # fmt: skip
 
 
+# Answers that say the pod cannot be read now or later, by status code: not there, or not ours.
+_NOT_READABLE = (401, 403, 404)
+
+
 def _statefulset_of(
     exporter: NodesExporter, stop: threading.Event, client: kubernetes.client.ApiClient,
-    pod: str, namespace: str,
+    pod: str, namespace: str, required: bool,
 ) -> str | None:  # fmt: skip
     """The StatefulSet that owns the pod, read until the API answers; None when it has none."""
     core = kubernetes.client.CoreV1Api(client)
     backoff = Backoff()
+    what = f"pod {namespace}/{pod}"
     while not stop.is_set():
         try:
             found = core.read_namespaced_pod(pod, namespace, _preload_content=False,
                                              _request_timeout=REQUEST_TIMEOUT)  # fmt: skip
             meta = json.loads(cast(Any, found).data).get("metadata") or {}
         except Exception as e:  # the API is not there yet: try again
-            exporter.shard_count_unread(f"pod {namespace}/{pod}: {describe(e)}")
+            if not required and getattr(e, "status", None) in _NOT_READABLE:
+                exporter.shard_count_unread(None)
+                exporter.reshard(
+                    None, None, f"not sharding: {what}: {describe(e)}; serving every node"
+                )
+                return None
+            exporter.shard_count_unread(f"{what}: {describe(e)}")
             backoff.wait(stop)
             continue
         exporter.shard_count_unread(None)
         for ref in meta.get("ownerReferences") or []:
             if isinstance(ref, dict) and ref.get("kind") == "StatefulSet":
                 return str(ref.get("name"))
-        exporter.reshard(None, f"pod {namespace}/{pod} is no StatefulSet's: give --total-shards")
+        if required:
+            exporter.reshard(None, f"{what} is no StatefulSet's: give --total-shards")
+        else:
+            exporter.reshard(
+                None, None, f"not sharding: {what} is no StatefulSet's; serving every node"
+            )
         return None
     return None

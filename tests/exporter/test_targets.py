@@ -229,7 +229,7 @@ def test_shard_flags_are_checked_and_the_ordinal_read_from_the_pod_name(
         (["--all-nodes", "--total-shards", "-1"], "expected a whole number, got '-1'"),
         (
             ["--all-nodes", "--pod-namespace", "ns"],
-            "--pod-namespace goes with --pod (env POD_NAME)",
+            "--pod-namespace goes with --pod (or env POD_NAME)",
         ),
     ):
         with pytest.raises(SystemExit) as exit_info:
