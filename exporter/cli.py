@@ -26,11 +26,12 @@ from exporter.node import missing_node, node_of
 from exporter.service import Exporter
 from exporter.shards import Shard, ordinal
 from exporter.sources import file_source, read_topology_file, watch_own_statefulset, watches
+from kube import names
 from kube.api import port
 from topology import dra
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
-from topology.settings import add_layout_argument
+from topology.settings import add_layout_argument, topology_name, topology_namespace
 from web.config import WebConfigError, load
 from web.server import MetricsServer, Published
 
@@ -179,6 +180,8 @@ def _autoshard(p: argparse.ArgumentParser, args: argparse.Namespace) -> Autoshar
         "env POD_NAME and POD_NAMESPACE name no pod together" if not (pod and namespace)
         else "a topology file has no StatefulSet" if args.topology_file is not None
         else f"pod {pod} ends in no StatefulSet ordinal" if ordinal(pod) is None
+        else f"env POD_NAME {pod!r} is no pod's name" if names.dns1123_subdomain(pod)
+        else f"env POD_NAMESPACE {namespace!r} is no namespace" if names.dns1123_label(namespace)
         else None
     )  # fmt: skip
     if why is not None or not (pod and namespace):
@@ -448,6 +451,26 @@ def serve(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None =
     return EXIT_OK
 
 
+def _names(args: argparse.Namespace) -> list[tuple[str, str | None, names.Check]]:
+    """Every name and selector the exporter asks the API by (what says it, its value, the
+    API's rule): none with a topology file."""
+    if args.topology_file is not None or (args.source == "nvml" and not args.watch_topology):
+        return []
+    found: list[tuple[str, str | None, names.Check]] = [
+        ("env TOPOLOGY_CM_NAMESPACE", topology_namespace(), names.dns1123_label),
+        ("--node-selector", args.node_selector, names.label_selector),
+    ]
+    if args.layout == "single" or args.all_nodes:
+        found.append(("env TOPOLOGY_CM_NAME", topology_name(), names.dns1123_subdomain))
+    if not args.all_nodes:  # a name no Node can have: its topology never comes
+        found.append(("--node-name", args.node_name, names.dns1123_subdomain))
+    if args.autoshard is not None and args.autoshard.required:
+        pod = args.autoshard
+        found += [("--pod", pod.pod, names.dns1123_subdomain),
+                  ("--pod-namespace", pod.namespace, names.dns1123_label)]  # fmt: skip
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -478,6 +501,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--node-selector reads Node labels from the cluster: not with --topology-file")
     shard = _shard(p, args)
     args.autoshard = _autoshard(p, args)
+    if (problem := names.problem(_names(args))) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         counters = read_counters(args.collectors) if args.collectors else dcgm.default_counters()
     except CountersError as e:

@@ -55,3 +55,18 @@ def _requirement(m: re.Match[str]) -> Selector:
             return lambda labels: labels.get(key) in values
         return lambda labels: labels.get(key) not in values
     return lambda labels: key in labels
+
+
+def terms(text: str) -> list[tuple[str, list[str]]]:
+    """Each requirement's key and the values it names, of a selector `parse` takes."""
+    found = []
+    at, text = 0, text.strip()
+    while at < len(text):
+        m = _REQUIREMENT.match(text, at)
+        if m is None or m.end() == at:
+            break
+        key = m["absent"] or m["key"]
+        values = [v.strip() for v in m["values"].split(",")] if m["set"] else [m["value"] or ""]
+        found.append((key, values))
+        at = m.end()
+    return found

@@ -15,6 +15,7 @@ import yaml
 from common.files import UnreadableFile, read_text
 from common.process import CLUSTER_ENVIRONMENT, not_utf8
 from common.yamlload import SafeDumper
+from kube import names
 from kube.api import BURST, QPS, Pace, port
 from status_updater.devices import build_node
 from status_updater.dra import (
@@ -345,12 +346,31 @@ def _configmap_ref(text: str) -> str:
     return text
 
 
+def _names(args: argparse.Namespace) -> list[tuple[str, str | None, names.Check]]:
+    """Every name the updater writes or reads by (what says it, its value, the API's rule)."""
+    found: list[tuple[str, str | None, names.Check]] = [
+        ("env TOPOLOGY_CM_NAMESPACE", topology_namespace(), names.dns1123_label),
+        ("env TOPOLOGY_CM_NAME", topology_name(), names.dns1123_subdomain),
+    ]
+    if args.command == "run":
+        namespace, _, name = args.mig_parted_config.partition("/")
+        found += [
+            ("--lease-name", args.lease_name, names.dns1123_subdomain),
+            ("--mig-parted-config namespace", namespace, names.dns1123_label),
+            ("--mig-parted-config name", name, names.dns1123_subdomain),
+        ]
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # Not UTF-8, a flag or variable would fail where it is written out (a ConfigMap, a request).
     if (bad := not_utf8(sys.argv[1:] if argv is None else argv, ENVIRONMENT)) is not None:
         print(f"error: {bad}", file=sys.stderr)
         return EXIT_USAGE
     args = parser().parse_args(argv)
+    if (problem := names.problem(_names(args))) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         if args.command == "render":
             dra = DraOptions.of(args) if args.resource_slices else None

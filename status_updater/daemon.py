@@ -144,7 +144,7 @@ def _supervise(
         # Each loop outlives API trouble; one that ended anyway would leave the updater writing
         # from a frozen view (or not at all) while it looks alive. Exit: the kubelet restarts it.
         dead = [t.name for t in threads if not t.is_alive()]
-        published.publish(_health(controller, elector.is_leader(), dead))
+        published.publish(_health(controller, elector.is_leader(), dead, elector.trouble()))
         if stop.wait(WATCHDOG_S):
             return EXIT_OK
         if dead:
@@ -154,7 +154,9 @@ def _supervise(
             return EXIT_INTERNAL
 
 
-def _health(controller: Controller, leader: bool, dead: list[str]) -> Snapshot:
+def _health(
+    controller: Controller, leader: bool, dead: list[str], trouble: str | None = None
+) -> Snapshot:
     """`/health` and the updater's own `/metrics`: whether it follows the cluster, and what it
     had to skip."""
     waiting = sorted(controller.sources - controller.synced)
@@ -163,7 +165,7 @@ def _health(controller: Controller, leader: bool, dead: list[str]) -> Snapshot:
     elif waiting:
         reason = f"waiting for the first list of {', '.join(waiting)}"
     else:
-        reason = "ok"
+        reason = trouble or "ok"
     own = (
         controller.invalid.exposition()
         + (

@@ -47,6 +47,9 @@ class Timing:
 
 CLIENT_GO = Timing()
 MIN_CALL_S = 0.5  # a call is given at least this long, even just before the deadline
+# Answers to a Lease request that another try will not change by itself: a request the API
+# refuses (a bad name: 422), no permission, no such namespace.
+REFUSED = frozenset({400, 401, 403, 404, 422})
 
 
 def _now() -> dt.datetime:
@@ -75,6 +78,8 @@ class LeaderElector:
         self.leading = threading.Event()
         self._lock = threading.Lock()  # one lease call at a time; release waits for a renewal
         self._released = False
+        # The failing tries' last reason, since when, and whether the API refused the Lease.
+        self._failing: tuple[str, float, bool] | None = None
 
     def is_leader(self) -> bool:
         # A leader whose round of tries did not renew by its deadline must assume another
@@ -186,9 +191,32 @@ class LeaderElector:
                 else:
                     self._set(False)  # another replica holds it
             except Exception as e:  # API trouble, or a malformed Lease: keep trying
-                log.warning("lease %s/%s: %s", self.namespace, self.name, describe(e))
+                self._failed(e)
                 self.is_leader()  # drops leadership once the round's deadline has passed
+            else:
+                self._failing = None
             stop.wait(self.timing.retry_period_s)
+
+    def _failed(self, e: Exception) -> None:
+        """A try failed: said when the reason changes, not at every retry."""
+        reason = f"lease {self.namespace}/{self.name}: {describe(e)}"
+        status = getattr(e, "status", None)
+        since = self._failing[1] if self._failing is not None else time.monotonic()
+        if self._failing is None or self._failing[0] != reason:
+            log.warning("%s", reason)
+        self._failing = (reason, since, status in REFUSED)
+
+    def trouble(self) -> str | None:
+        """Why this replica cannot take part in the election, for `/health`: the API refuses the
+        Lease (a name it will not take, no permission), or every try failed for a whole round.
+        A replica that waits while another leads is healthy."""
+        failing = self._failing
+        if failing is None:
+            return None
+        reason, since, refused = failing
+        if refused or time.monotonic() - since >= self.timing.renew_deadline_s:
+            return f"{reason}; not taking part in the election"
+        return None
 
     def release(self) -> None:
         """On shutdown: let a standby replica take over at once instead of after the lease runs out.
