@@ -69,29 +69,40 @@ class _Parent:
     attributes: dict[str, dict[str, Any]]
 
 
-def _label_version(labels: Mapping[str, str], keys: tuple[str, ...], default: str, obj: str) -> str:
+def _label_version(
+    labels: Mapping[str, str], keys: tuple[str, ...], default: str, obj: str
+) -> str | None:
+    """A version attribute as GFD's labels `keys` spell it, else `default`; None where neither
+    gives one."""
+    text = dra.labelled(labels, keys, default)
     try:
-        return dra.version(dra.labelled(labels, keys, default))
+        return dra.version(text) if text else None
     except ValueError as e:
         raise TopologyError(obj, f"metadata.labels[{keys[0]}]", str(e)) from None
 
 
 def _common(node: Obj, topology: NodeTopology, model: GpuModel | None) -> dict[str, Any]:
+    """The attributes every device of the node carries. `architecture` and
+    `cudaComputeCapability` are what NVML says of the GPU: GFD's labels where the node has them
+    (`nvidia.com/gpu.family`, `nvidia.com/gpu.compute.*`), else the catalog's; a GPU neither
+    names (a T4 without those labels) has neither attribute, never a guess."""
     obj = f"node {node_name(node)}"
     labels = strings(metadata(node).get("labels"))
-    compute = model.compute_capability if model and model.compute_capability else "8.0"
-    return {
-        "architecture": {"string": model.architecture if model else "Ampere"},
+    found: dict[str, Any] = {
         "brand": {"string": "Nvidia"},
-        "cudaComputeCapability": {
-            "version": _label_version(labels, dra.LABEL_COMPUTE, compute, obj)
-        },
         "cudaDriverVersion": {"version": _label_version(labels, dra.LABEL_CUDA, dra.DRA_CUDA, obj)},
         "driverVersion": {"version": _label_version(labels, dra.LABEL_DRIVER, dra.DRA_DRIVER, obj)},
         "productName": {"string": nvml_model_name(topology.gpu_product)},
         # What NVML says of a x86 host's kernel with HMM, as the driver's docs show it.
         "addressingMode": {"string": "HMM"},
     }
+    family = dra.ARCHITECTURES.get(str(labels.get(dra.LABEL_FAMILY)))
+    if architecture := family or (model.architecture if model else ""):
+        found["architecture"] = {"string": architecture}
+    catalog = model.compute_capability if model else ""
+    if compute := _label_version(labels, dra.LABEL_COMPUTE, catalog, obj):
+        found["cudaComputeCapability"] = {"version": compute}
+    return found
 
 
 def _parent(index: int, gpu: Gpu, common: dict[str, Any], list_attributes: bool) -> _Parent:

@@ -27,7 +27,14 @@ LABEL_DRIVER = ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor",
                 "nvidia.com/cuda.driver.rev")  # fmt: skip
 LABEL_CUDA = ("nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor")
 LABEL_COMPUTE = ("nvidia.com/gpu.compute.major", "nvidia.com/gpu.compute.minor")
-NODE_LABELS = (*LABEL_DRIVER, *LABEL_CUDA, *LABEL_COMPUTE)
+# GFD's architecture family (its `getArchFamily`, from the compute capability), and the name NVML
+# gives that architecture, which the driver publishes as `architecture` (go-nvlib's
+# `GetArchitectureAsString`). GFD's `tesla`, `fermi` and `undefined` have no NVML name.
+LABEL_FAMILY = "nvidia.com/gpu.family"
+ARCHITECTURES = {"kepler": "Kepler", "maxwell": "Maxwell", "pascal": "Pascal", "volta": "Volta",
+                 "turing": "Turing", "ampere": "Ampere", "ada-lovelace": "Ada Lovelace",
+                 "hopper": "Hopper", "blackwell": "Blackwell", "rubin": "Rubin"}  # fmt: skip
+NODE_LABELS = (*LABEL_DRIVER, *LABEL_CUDA, *LABEL_COMPUTE, LABEL_FAMILY)
 DEFAULT_DRIVER = "520.56.06"
 DEFAULT_CUDA = "11.8"
 # A DRA node without GFD's driver labels: a driver the DRA driver supports (its prerequisites:

@@ -18,6 +18,7 @@ from status_updater.devices import build_node
 from status_updater.dra import DYNAMIC, DraOptions, node_slimmer
 from status_updater.objects import slim_node
 from status_updater.resourceslices import node_slices, quantity, slice_name
+from status_updater.slicewriter import _Templates, _Text
 from tests.support.allocator import Allocator
 from tests.support.base import SAMPLES, examples, run_cli
 from topology import dra
@@ -596,3 +597,63 @@ def test_an_a30_offers_its_2g_me_profile_as_the_driver_names_it() -> None:
     layout = gpu_node("l", "NVIDIA-A30", 1, "all-2g.12gb.me")
     (instance,) = build_node(layout).gpus[0].mig_devices or ()
     assert instance.name == "2g.12gb+me"
+
+
+def gfd(family: str | None, major: str | None = None, minor: str | None = None) -> dict[str, str]:
+    """GFD's architecture labels (`newArchitectureLabels`), those given."""
+    found = {"nvidia.com/gpu.family": family, "nvidia.com/gpu.compute.major": major,
+             "nvidia.com/gpu.compute.minor": minor}  # fmt: skip
+    return {k: v for k, v in found.items() if v is not None}
+
+
+# (product, GFD's labels, the architecture and compute capability NVML gives: None, none known).
+ARCHITECTURES = [
+    ("Tesla-T4", gfd("turing", "7", "5"), "Turing", "7.5.0"),
+    ("NVIDIA-L4", gfd("ada-lovelace", "8", "9"), "Ada Lovelace", "8.9.0"),
+    ("NVIDIA-L40S", gfd("ada-lovelace", "8", "9"), "Ada Lovelace", "8.9.0"),
+    ("NVIDIA-A10", gfd("ampere", "8", "6"), "Ampere", "8.6.0"),
+    ("Tesla-V100-SXM2-16GB", gfd("volta", "7", "0"), "Volta", "7.0.0"),
+    ("Tesla-P100-PCIE-16GB", gfd("pascal", "6", "0"), "Pascal", "6.0.0"),
+    ("Tesla-K80", gfd("kepler", "3", "7"), "Kepler", "3.7.0"),
+    ("Tesla-M60", gfd("maxwell", "5", "2"), "Maxwell", "5.2.0"),
+    ("NVIDIA-RTX-PRO-6000-Blackwell", gfd("blackwell", "12", "0"), "Blackwell", "12.0.0"),
+    ("NVIDIA-GH200-480GB", gfd("hopper", "9", "0"), "Hopper", "9.0.0"),
+    ("NVIDIA-Vera-Rubin", gfd("rubin", "13", "0"), "Rubin", "13.0.0"),
+    # Without GFD's labels, a GPU outside the catalog has neither: nothing is made up.
+    ("Tesla-T4", {}, None, None),
+    ("NVIDIA-L4", gfd(None, "8", "9"), None, "8.9.0"),  # a family label missing: none
+    ("NVIDIA-L4", gfd("ada-lovelace"), "Ada Lovelace", None),  # compute labels missing: none
+    ("Some-GPU", gfd("undefined", "11", "0"), None, "11.0.0"),  # GFD knows no family for 11.x
+    ("Tesla-C2050", gfd("fermi", "2", "0"), None, "2.0.0"),  # NVML names nothing before Kepler
+    # The catalog's GPUs without labels: the catalog's figures; GFD's labels where they say.
+    ("NVIDIA-A100-SXM4-40GB", {}, "Ampere", "8.0.0"),
+    ("NVIDIA-H100-80GB-HBM3", {}, "Hopper", "9.0.0"),
+    ("NVIDIA-B200", {}, "Blackwell", "10.0.0"),
+    ("NVIDIA-A100-SXM4-40GB", gfd("undefined"), "Ampere", "8.0.0"),
+    ("NVIDIA-H100-80GB-HBM3", gfd("hopper", "9", "0"), "Hopper", "9.0.0"),
+]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_architecture_and_compute_capability_are_nvmls_or_absent(dynamic: bool) -> None:
+    """Every device carries the GPU's `architecture` (NVML's name, as the driver publishes it)
+    and `cudaComputeCapability` from GFD's labels or the catalog; where neither says (a T4 without
+    GFD), the device has no such attribute. The same through the writer's templates, where nodes
+    of one product but other labels are of another shape."""
+    templates = _Templates()
+    for product, labels, architecture, compute in ARCHITECTURES:
+        node = gpu_node("n", product, 2, None, dynamic, **labels, **{"nvidia.com/gpu.memory": "1"})
+        found = slices(node, dynamic)
+        every = list(devices(found).values())
+        assert every, product
+        for device in every:
+            attributes = device["attributes"]
+            assert attributes.get("architecture") == (
+                {"string": architecture} if architecture else None
+            ), (product, labels)
+            assert attributes.get("cudaComputeCapability") == (
+                {"version": compute} if compute else None
+            ), (product, labels)
+        options = {"dynamic": dynamic, "layout": "split", "list_attributes": False}
+        made = templates.texts(node, build_node(node), options)
+        assert [t.spec for t in made] == [_Text.of(s).spec for s in found], (product, labels)
