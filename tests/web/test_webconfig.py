@@ -787,7 +787,7 @@ def test_a_bug_while_answering_is_one_error_line_and_no_traceback(
     def broken(target: str) -> str | None:
         raise RuntimeError("the path broke")
 
-    monkeypatch.setattr("web.server.target_path", broken)
+    monkeypatch.setattr("web.handler.target_path", broken)
     with serving() as server:
         assert raw(server, b"GET /metrics HTTP/1.1\r\n\r\n") == b""  # closed, nothing half-said
         said = eventually(lambda: [r for r in caplog.records if r.levelno >= logging.WARNING])
