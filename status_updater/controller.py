@@ -11,6 +11,7 @@ its state current so that a takeover is quick.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import queue
@@ -21,6 +22,7 @@ from functools import partial
 from typing import Any, Protocol
 
 import kubernetes
+from kubernetes.client.exceptions import ApiException
 
 from common.selfmetrics import InvalidObjects, kind_of
 from kube.api import Backoff, Obj, describe, list_watch
@@ -38,6 +40,32 @@ RESYNC_S = 30.0  # how often a quiet leader compares what is written with what s
 LAYOUTS_ATTEMPTS = 3  # failed reads of the mig-parted ConfigMap before writing without it
 SOURCES = frozenset({"nodes", "pods", "layouts"})  # what is listed before anything is written
 DRA_SOURCES = SOURCES | {"claims"}  # and with DRA on, the ResourceClaims
+# Why the ResourceClaims cannot be read before they were ever listed, by HTTP status: there are
+# none to wait for, the ConfigMaps are written without claims.
+UNSERVED = {
+    403: "may not be read by the updater (RBAC)",
+    404: "are not served by this API server (resource.k8s.io/v1: Kubernetes 1.34+)",
+}
+
+
+class Statused:
+    """A list call that keeps the HTTP status of its last failure (None: it answered, or failed
+    without one). `kube.api.list_watch` hands its `on_error` a message only; what an informer does
+    about a failure is chosen by this status, never by the message's text. The informer's own
+    thread calls it and then its `on_error`: nothing else reads or writes it."""
+
+    def __init__(self, call: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, call)  # the watch reads the call's docstring
+        self.call = call
+        self.status: int | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.status = None
+        try:
+            return self.call(*args, **kwargs)
+        except ApiException as e:
+            self.status = e.status
+            raise
 
 
 class Writer(Protocol):
@@ -80,6 +108,10 @@ class Controller:
         self._slims: dict[str, Callable[[Obj], Any]] = {
             "nodes": node_slimmer(dra), "pods": slim_pod, "claims": read_claim}  # fmt: skip
         self._ever_listed: set[str] = set()  # informers that listed once (informer threads)
+        # The claims' informer: its list call, and the status it last said the claims are
+        # unserved with (None: not unserved now); its thread alone reads and writes them.
+        self._claims_call: Statused | None = None
+        self._claims_unserved: int | None = None
         self.layouts_ref = mig_parted_config  # namespace/name of the GPU operator's ConfigMap
         self._layouts_seen: str | None = None  # what was last said about it
         self.state = ClusterState()
@@ -98,6 +130,8 @@ class Controller:
 
     def _reset(self, what: str, items: list[Obj]) -> None:
         self._ever_listed.add(what)
+        if what == "claims":
+            self._claims_unserved = None
         self.events.put((what, "RESET", items))  # slimmed page by page as they were listed
         self.dirty.set()
 
@@ -118,20 +152,31 @@ class Controller:
     def _claims_error(self, message: str) -> None:
         """The ResourceClaims' informer failed. Until they are first listed, an API that does not
         serve them (404: a cluster before DRA) or lets the updater not read them (403) has none
-        to wait for: the ConfigMaps are written without claims, said once. Once listed, a failing
-        watch pauses the writes as the pods' does (a cache missing claims would take their
-        devices away)."""
-        if "claims" in self._ever_listed or not ("HTTP 404" in message or "HTTP 403" in message):
+        to wait for: the ConfigMaps are written without claims, said once for as long as that
+        lasts (again when it changes, or comes back after another failure). Once listed, a
+        failing watch pauses the writes as the pods' does (a cache missing claims would take
+        their devices away)."""
+        status = self._claims_call.status if self._claims_call is not None else None
+        if "claims" in self._ever_listed or status not in UNSERVED:
+            self._claims_unserved = None
             self._informer_error("claims", message)
-        elif "claims" not in self.synced:
-            log.warning("%s: no DRA claims are followed until they can be read", message)
-            self.events.put(("claims", "RESET", []))
-            self.dirty.set()
+            return
+        if status == self._claims_unserved:
+            return
+        self._claims_unserved = status
+        log.warning(
+            "%s: ResourceClaims %s: no DRA claims are followed until they can be read",
+            message,
+            UNSERVED[status],
+        )
+        self.events.put(("claims", "RESET", []))  # none to wait for (after a failure, again)
+        self.dirty.set()
 
     def _layouts_informer(self, stop: threading.Event) -> threading.Thread:
         """Watches the one mig-parted ConfigMap: its `config.yaml`, or None while it is absent."""
         namespace, name = self.layouts_ref.split("/", 1)
         failures = 0  # in a row, since the last good list
+        list_call = Statused(partial(self.core.list_namespaced_config_map, namespace))
 
         def ours(cm: Obj) -> bool:  # an API that ignores the field selector lists them all
             return (cm.get("metadata") or {}).get("name") == name
@@ -153,12 +198,9 @@ class Controller:
             # the wrong layouts, then the right ones, would churn every one of them.
             nonlocal failures
             failures += 1
-            if "HTTP 403" in message or failures >= LAYOUTS_ATTEMPTS:
+            if list_call.status == 403 or failures >= LAYOUTS_ATTEMPTS:
                 self.events.put(("layouts", "ERROR", message))
                 self.dirty.set()
-
-        def list_call(**kw: Any) -> Any:
-            return self.core.list_namespaced_config_map(namespace, **kw)
 
         return threading.Thread(
             target=list_watch,
@@ -175,9 +217,8 @@ class Controller:
         ]
         if "claims" in self.sources:  # every namespace's ResourceClaims
             api = kubernetes.client.ResourceV1Api(self.core.api_client)
-            sources.append(
-                ("claims", api.list_resource_claim_for_all_namespaces, self._claims_error)
-            )
+            self._claims_call = Statused(api.list_resource_claim_for_all_namespaces)
+            sources.append(("claims", self._claims_call, self._claims_error))
         threads = [
             threading.Thread(
                 target=list_watch,

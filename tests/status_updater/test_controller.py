@@ -549,3 +549,98 @@ def test_claims_unreadable_from_the_start_are_none_and_once_listed_pause_the_wri
         finally:
             stop.set()
             kube.cut_watches()
+
+
+class ScriptedClaims:
+    """The ResourceClaims' list call answering in turn from a script: an HTTP status (the API's
+    error), "down" (no answer: a connection refused), or "list" (an empty list, or for a watch a
+    stream that ends). With the last answer the informer is stopped. `drain`: each call first
+    applies what the informer queued, as a writer that keeps up would."""
+
+    def __init__(self, script: list[int | str], stop: threading.Event, drain: Callable[[], None]):
+        self.script, self.stop, self.drain = list(script), stop, drain
+
+    def __call__(self, **kwargs: Any) -> Any:
+        self.drain()
+        answer = self.script.pop(0)
+        if not self.script:
+            self.stop.set()
+        if isinstance(answer, int):
+            raise kubernetes.client.ApiException(status=answer, reason=REASONS.get(answer, "No"))
+        if answer == "down":
+            raise ConnectionRefusedError(111, "Connection refused")
+        if kwargs.get("watch"):
+            return _EndedStream()
+        return _Listed(b'{"items": [], "metadata": {"resourceVersion": "1"}}')
+
+
+# A gateway's answer whose text names another status: the status chooses, never the text.
+REASONS = {502: "Bad Gateway (the aggregated API answered HTTP 404)"}
+
+
+class _Listed:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class _EndedStream:
+    status = 200
+
+    def stream(self, amt: object = None, decode_content: object = None) -> Iterator[bytes]:
+        return iter(())
+
+    def close(self) -> None:
+        pass
+
+    def release_conn(self) -> None:
+        pass
+
+
+# (the claims' answers, the updater's warnings of claims it cannot read, whether it writes after)
+CLAIMS_UNREADABLE = [
+    ([403] * 6, 1, True),  # forbidden, retried: said once, written without claims
+    ([404] * 6, 1, True),  # not served (before 1.34): the same
+    ([403, 403, 404, 404, 403], 3, True),  # said again each time it changes
+    ([403, 500, 403, 403], 2, True),  # another failure between: said again, writes again
+    ([404, "down", "down", 404], 2, True),
+    ([500, 500], 0, False),  # a passing failure before the first list: the writes wait
+    ([502, 502], 0, False),  # whatever its text says
+    (["list", 403, 403], 0, False),  # listed once: a failing watch pauses the writes
+    ([403, "list", 404, 404], 1, False),  # readable, then not: claims held are never dropped
+]
+
+
+@pytest.mark.parametrize("drain", [False, True], ids=["writer-behind", "writer-keeping-up"])
+@pytest.mark.parametrize(("script", "said", "writes"), CLAIMS_UNREADABLE)
+def test_claims_that_cannot_be_read_are_said_once_per_change_and_never_hold_the_writes(
+    script: list[int | str],
+    said: int,
+    writes: bool,
+    drain: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The claims' informer as it runs (list, watch, backoff) against an API answering 403 or
+    404 again and again: one warning for as long as one condition lasts, whatever the retries
+    and however late the writer applies what the informer queued; the mode is chosen by the
+    answer's status."""
+    controller = Controller(
+        kubernetes.client.CoreV1Api(kubernetes.client.ApiClient()), Recorder(),
+        dra=DraOptions("type=kwok"),
+    )  # fmt: skip
+    controller.synced |= {"nodes", "pods", "layouts"}
+    stop = threading.Event()
+    calls = ScriptedClaims(script, stop, controller.drain if drain else lambda: None)
+    monkeypatch.setattr(
+        kubernetes.client.ResourceV1Api, "list_resource_claim_for_all_namespaces",
+        lambda _api, **kwargs: calls(**kwargs),
+    )  # fmt: skip
+    monkeypatch.setattr(kube_api.Backoff, "wait", lambda _self, _stop: None)
+    caplog.set_level(logging.WARNING, logger=controller_module.log.name)
+    (claims,) = [t for t in controller.informers(stop) if t.name == "claims"]
+    claims.run()  # in this thread, until the script is done
+    controller.drain()
+    lines = [r.getMessage() for r in caplog.records if r.name == controller_module.log.name]
+    assert len(lines) == said, lines
+    assert all("no DRA claims are followed until they can be read" in line for line in lines)
+    assert controller.following() == writes
