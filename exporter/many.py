@@ -312,9 +312,9 @@ class NodesExporter(ServedNodes):
                 self.health.count(source, invalid)
         self.wake.set()
 
-    def rejected(self, e: TopologyError) -> None:
+    def rejected(self, source: str, e: TopologyError) -> None:
         """The one document (a file, the single layout's ConfigMap) is invalid."""
-        self.source_problem(e.obj, f"{e}; serving the last good series", e)
+        self.source_problem(source, f"{e}; serving the last good series", e)
 
     def remove_source(self, source: str) -> None:
         with self._lock:

@@ -80,7 +80,7 @@ class OneNodeSink:
                 self.health.clear(self.KEY, self.good_again())
         self.wake.set()
 
-    def rejected(self, e: TopologyError) -> None:
+    def rejected(self, source: str, e: TopologyError) -> None:
         """The source's content is invalid: keep serving, report unhealthy, count it once."""
         self.health.count(self.KEY, e)
         self.problem(f"{e}; {self.KEEPS}")

@@ -34,13 +34,16 @@ MAX_TOPOLOGY_FILE_BYTES = 256 << 20
 
 
 class Sink(Protocol):
-    """What every exporter takes: whole documents, and why there is none."""
+    """What every exporter takes: whole documents, and why there is none. A source names itself
+    (`source`: a file's or a ConfigMap's description) in each call, so that what it reports is
+    filed under its own key, never under one taken from an error's text: its next good document
+    clears it."""
 
-    def update(self, topology: Topology, obj: str) -> None: ...
+    def update(self, topology: Topology, source: str) -> None: ...
 
     def problem(self, reason: str) -> None: ...
 
-    def rejected(self, e: TopologyError) -> None: ...
+    def rejected(self, source: str, e: TopologyError) -> None: ...
 
 
 # --- a file --------------------------------------------------------------------------------------
@@ -60,21 +63,27 @@ def _wanted(exporter: Sink) -> Callable[[str], bool] | None:
     return exporter.owns if isinstance(exporter, NodesExporter) else None
 
 
-def _stamp(path: Path) -> tuple[float, int] | None:
-    """What says the file changed: its modification time and size (None: it is not there)."""
+Stamp = tuple[int, ...]
+
+
+def _stamp(path: Path) -> Stamp | None:
+    """What says the file changed (None: it is not there): which file the path leads to (its
+    device and inode: a file put in its place by a rename, a ConfigMap volume's new `..data`),
+    its size and modification time, and its inode's change time, which no one can set back (a
+    file rewritten in place, its modification time restored)."""
     try:
         st = path.stat()
     except OSError:
         return None
-    return st.st_mtime, st.st_size
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-_UNSEEN = (-1.0, -1)  # no file has this stamp: the first look reads it
+_UNSEEN: Stamp = ()  # no file has this stamp: the first look reads it
 
 
 def follow_file(
     path: Path, exporter: Sink, stop: threading.Event, interval: float = 1.0,
-    seen: tuple[float, int] | None = _UNSEEN,
+    seen: Stamp | None = _UNSEEN,
 ) -> None:  # fmt: skip
     """Reload when the file changes: a ConfigMap mounted as a volume is updated in place.
     `seen`: the stamp of the file as last read."""
@@ -82,12 +91,11 @@ def follow_file(
         current = _stamp(path)
         if current != seen:
             seen = current
+            source = f"topology file {path}"
             try:
-                exporter.update(
-                    read_topology_file(path, _wanted(exporter)), f"topology file {path}"
-                )
+                exporter.update(read_topology_file(path, _wanted(exporter)), source)
             except TopologyError as e:
-                exporter.rejected(e)
+                exporter.rejected(source, e)
         stop.wait(interval)
 
 
@@ -151,7 +159,7 @@ def watch_configmap(
         try:
             exporter.update(contract.configmap_topology(cm, obj), obj)
         except TopologyError as e:
-            exporter.rejected(e)
+            exporter.rejected(obj, e)
 
     def list_call(**kw: Any) -> Any:
         return core.list_namespaced_config_map(namespace, **kw)

@@ -210,7 +210,7 @@ class _Reads:
     def problem(self, reason: str) -> None:
         raise AssertionError(reason)
 
-    def rejected(self, e: object) -> None:
+    def rejected(self, source: str, e: object) -> None:
         raise AssertionError(e)
 
 

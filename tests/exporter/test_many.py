@@ -293,7 +293,7 @@ def test_a_rejected_document_keeps_the_series_and_says_why(
     many.update_source("topology-a", doc("a", MIG), "ConfigMap a")
     good = many.snapshot().body
     bad = TopologyError("ConfigMap gpu-operator/topology", "topology.yml", "is not valid YAML")
-    many.rejected(bad)
+    many.rejected(bad.obj, bad)
     snap = many.snapshot()
     said = "ConfigMap gpu-operator/topology: topology.yml: is not valid YAML; serving the last good series"
     assert (snap.body, snap.healthy, snap.reason) == (good, False, said)

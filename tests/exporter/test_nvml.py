@@ -596,7 +596,8 @@ def test_the_collector_takes_pod_names_from_the_topology_and_keeps_the_last_good
     assert exporter.invalid.value("node") == 1
     assert pods() == {"a"} and not exporter.snapshot().healthy
     # Unreadable: counted by its kind, and said.
-    exporter.rejected(TopologyError("ConfigMap ns/topology-n1", "topology.yml", "not valid YAML"))
+    bad = TopologyError("ConfigMap ns/topology-n1", "topology.yml", "not valid YAML")
+    exporter.rejected(bad.obj, bad)
     assert exporter.invalid.value("configmap") == 1
     assert "not valid YAML; pod labels from the last good topology" in exporter.snapshot().reason
     exporter.problem("the API cannot be reached")

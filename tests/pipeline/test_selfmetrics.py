@@ -48,11 +48,11 @@ def test_the_exporter_counts_each_invalid_input_once() -> None:
     assert exporter_counts(exporter) == {"configmap": 0, "file": 0, "node": 0, "pod": 0}
     exporter.update(MIG, "cm")
     for _ in range(3):  # the same bad ConfigMap, delivered again (a resync, a relist)
-        exporter.rejected(BAD_CM)
+        exporter.rejected(BAD_CM.obj, BAD_CM)
     assert exporter_counts(exporter)["configmap"] == 1
     assert not exporter.snapshot().healthy
     exporter.update(MIG, "cm")
-    exporter.rejected(BAD_CM)  # good in between: broken again is news
+    exporter.rejected(BAD_CM.obj, BAD_CM)  # good in between: broken again is news
     assert exporter_counts(exporter)["configmap"] == 2
     node = MIG.nodes[NODE]
     broken = NodeTopology(node.gpu_count, node.gpu_memory, "NVIDIA-H200", True, node.gpus)
@@ -64,7 +64,7 @@ def test_the_count_is_scraped_after_the_dcgm_series() -> None:
     published = Published()
     exporter = Exporter(NODE, dcgm.Options("h"), published)
     exporter.update(MIG, "cm")
-    exporter.rejected(BAD_CM)
+    exporter.rejected(BAD_CM.obj, BAD_CM)
     served = exporter.snapshot()  # compared as served: a later one may fall in the next step
     published.publish(served)
     server = MetricsServer(published, "127.0.0.1", 0)
@@ -197,7 +197,7 @@ def test_metrics_fail_until_the_first_topology_then_serve_it() -> None:
     url = f"http://127.0.0.1:{server.port}"
     try:
         assert get(f"{url}/metrics") == (503, "no topology yet\n")  # not an empty exporter
-        exporter.rejected(BAD_CM)  # still nothing true to serve
+        exporter.rejected(BAD_CM.obj, BAD_CM)  # still nothing true to serve
         published.publish(exporter.snapshot())
         assert get(f"{url}/metrics")[0] == 503
         exporter.update(MIG, "cm")
