@@ -12,8 +12,9 @@
 An instance covers the slots `position .. position + memory_slices` of its profile (the catalog's
 geometry; `position` is the logical start slice). Its rows are the profile, the GI id and the pod
 holding it (`namespace/name`, the bare name where that does not fit, or `free`); a label too long
-for its cell ends in `~`, and every pod not shown in full is listed below the bar. A GPU with MIG
-disabled is one `whole GPU` bar. Instances that cannot be drawn (unknown profile, outside the GPU,
+for its cell ends in `~`, and every pod not shown in full is listed below the bar. A device DRA
+claims hold is held by the first claim's pod, and each claim is listed below the bar with its
+pods (`GI 9 DRA claim ns/claim: ns/pod`). A GPU with MIG disabled is one `whole GPU` bar. Instances that cannot be drawn (unknown profile, outside the GPU,
 overlapping) are listed with `!`.
 
 Plain ASCII, aligned whatever the input holds. Pure: no I/O.
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 from topology.catalog import GpuModel, model_for_product
 from topology.errors import TopologyError
-from topology.model import AllocatedBy, Gpu, NodeTopology, Topology
+from topology.model import AllocatedBy, DeviceStatus, Gpu, NodeTopology, Topology
 
 MIN_SLOT_WIDTH = 7  # characters inside one memory slot: "1g.10gb"
 MAX_SLOT_WIDTH = 10  # "1g.12gb+me"; longer labels are cut
@@ -87,17 +88,47 @@ def _node(name: str, node: NodeTopology) -> list[str]:
     for index, (gpu, plan) in enumerate(zip(node.gpus, plans, strict=True)):
         lines += _gpu(f"  gpu {index}".ljust(label), plan, width)
         lines += _replicas(gpu, " " * label)
+        lines += _claims(gpu, " " * label)
+    return lines
+
+
+def _devices(gpu: Gpu) -> list[tuple[str, DeviceStatus | None]]:
+    """The GPU and each of its MIG instances, keyed as the notes under a bar name them."""
+    return [("", gpu.status)] + [(f"GI {d.gpu_instance_id} ", d.status)
+                                 for d in gpu.mig_devices or ()]  # fmt: skip
+
+
+def _holding(status: DeviceStatus | None) -> AllocatedBy | None:
+    """Who a device's cell names: the pod the device plugin or run:ai gave it, else the first
+    pod a DRA claim gives it."""
+    if status is None:
+        return None
+    if status.allocated_by is not None or not status.dra_claims:
+        return status.allocated_by
+    return status.dra_claims[0].holder
+
+
+def _claims(gpu: Gpu, indent: str) -> list[str]:
+    """Which DRA claims hold the GPU (or each MIG instance), and for which pods."""
+    lines = []
+    for what, status in _devices(gpu):
+        pods: dict[tuple[str, str], list[str]] = {}
+        for c in status.dra_claims if status is not None else ():
+            who = f"{_ascii(c.holder.namespace)}/{_ascii(c.holder.pod)}"
+            held = pods.setdefault((c.claim_namespace, c.claim), [])
+            if who not in held:
+                held.append(who)
+        lines += [f"{indent}{what}DRA claim {_ascii(ns)}/{_ascii(claim)}: {', '.join(held)}"
+                  for (ns, claim), held in pods.items()]  # fmt: skip
     return lines
 
 
 def _replicas(gpu: Gpu, indent: str) -> list[str]:
     """Who holds each replica of the GPU (or of each MIG instance) when it is shared."""
-    devices = [("", gpu.status)] + [(f"GI {d.gpu_instance_id} ", d.status)
-                                    for d in gpu.mig_devices or ()]  # fmt: skip
     return [
         f"{indent}{what}replicas: " + ", ".join(
             f"{r.index} {_ascii(r.holder.namespace)}/{_ascii(r.holder.pod)}" for r in status.replicas)
-        for what, status in devices if status is not None and status.replicas
+        for what, status in _devices(gpu) if status is not None and status.replicas
     ]  # fmt: skip
 
 
@@ -124,7 +155,7 @@ def _plan(gpu: Gpu, model: GpuModel | None) -> _Plan:
             continue
         for s in span:
             owner[s] = what
-        holder = dev.status.allocated_by if dev.status else None
+        holder = _holding(dev.status)
         gi = dev.gpu_instance_id
         blocks.append(_Block(dev.position, len(span), _ascii(dev.name), f"GI {gi}", holder, gi))
     start = 0
@@ -144,7 +175,7 @@ def _plan(gpu: Gpu, model: GpuModel | None) -> _Plan:
 def _whole(gpu: Gpu, model: GpuModel | None) -> _Plan:
     """MIG disabled, or a GPU the catalog has no MIG geometry for: one block over every slot."""
     why = "MIG disabled" if model is not None else "no MIG"
-    holder = gpu.status.allocated_by if gpu.status else None
+    holder = _holding(gpu.status)
     slots = model.memory_slots if model is not None else NO_MIG_SLOTS
     n = len(gpu.mig_devices or ())
     problems = [f"{n} MIG device{'' if n == 1 else 's'} listed on a GPU without MIG: not drawn"]

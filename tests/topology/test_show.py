@@ -18,15 +18,21 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
-from status_updater.state import reconcile
+from status_updater.dra import DraOptions, node_slimmer
+from status_updater.state import ClusterState, reconcile
+from tests.status_updater.test_claims import CLAIMS, PODS, by_name
 from tests.status_updater.test_reconcile import whole_gpu_node
-from tests.support.base import ROOT, SAMPLES, run_cli
+from tests.status_updater.test_resourceslices import devices, gpu_node, slices
+from tests.support.base import ROOT, SAMPLES, examples, run_cli
 from topology import __main__ as topology_main
 from topology.__main__ import MAX_FILE_BYTES
+from topology.catalog import MODELS, GpuModel
 from topology.configmap import parse_document
 from topology.errors import TopologyError
-from topology.model import dump_yaml
+from topology.model import Topology, dump_yaml
 from topology.show import picture
 
 NODE = "qa-mig-worker-gpu-a100"
@@ -435,3 +441,76 @@ def test_a_reader_that_stops_early_is_no_error(
     with open(writer, "w") as out:
         monkeypatch.setattr(sys, "stdout", out)
         assert topology_main.main(["show", str(path)]) == 0
+
+
+# --- devices DRA claims hold -------------------------------------------------------------------
+
+
+def _claimed_cluster(
+    model: GpuModel, layout: str | None, dynamic: bool, picks: list[int], pods: list[str]
+) -> Topology:
+    """A two-GPU node of `model` with DRA on, each of `pods` given by a claim of its own the
+    offered device `picks` names (taken in turn from the node's slices), as the scheduler
+    allocates: the topology the updater makes of it."""
+    node = gpu_node("n", model.product_labels[0], 2, layout, dynamic)
+    offered = sorted(devices(slices(node, dynamic)))
+    assume(offered)  # not a layout the model has
+    objects, claims = [], []
+    for i, (pick, name) in enumerate(zip(picks, pods, strict=False)):
+        pod = by_name(PODS, "dynamic-infer")
+        pod["metadata"].update(name=name, uid=f"uid-{i}")
+        pod["spec"]["nodeName"] = "n"
+        pod["spec"]["resourceClaims"][0]["resourceClaimName"] = f"claim-{i}"
+        claim = by_name(CLAIMS, "half-h100")
+        claim["metadata"]["name"] = f"claim-{i}"
+        claim["status"]["allocation"]["devices"]["results"][0].update(
+            pool="n", device=offered[pick % len(offered)]
+        )
+        claim["status"]["reservedFor"] = [{"resource": "pods", "name": name, "uid": f"uid-{i}"}]
+        objects.append(pod)
+        claims.append(claim)
+    slim = node_slimmer(DraOptions("", dynamic_mig=dynamic))
+    return ClusterState.of([node], objects, claims=claims, slim=slim).topology()
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(
+    model=st.sampled_from(MODELS),
+    layout=st.sampled_from([None, "all-balanced", "all-1g.5gb", "all-enabled"]),
+    dynamic=st.booleans(),
+    picks=st.lists(st.integers(0, 200), min_size=1, max_size=4),
+    pods=st.lists(st.text(alphabet="abz09-", min_size=1, max_size=40), min_size=4, max_size=4,
+                  unique=True),
+)  # fmt: skip
+def test_a_device_dra_claims_hold_is_drawn_held_by_the_claims_pod(
+    model: GpuModel, layout: str | None, dynamic: bool, picks: list[int], pods: list[str]
+) -> None:
+    """Whatever the GPU, its MIG mode and the devices claims are given (whole GPUs, static
+    instances, partitions made for them): each device the topology records DRA claims on is
+    drawn held by the first claim's pod, never `free`, and its claims are listed under the bar;
+    every other device is as before."""
+    topology = _claimed_cluster(model, layout, dynamic, picks, pods)
+    drawing = read_picture(picture(topology))["n"]
+    result = topology.nodes["n"]
+    held = 0
+    for g, gpu in enumerate(result.gpus):
+        bar = drawing.gpus[g]
+        found = [("GPU", gpu.status, drawing.gpus[g].cells[0])] if gpu.mig_devices is None else [
+            (f"GI {d.gpu_instance_id}", d.status, drawing.cell_at(g, d.position))
+            for d in gpu.mig_devices]  # fmt: skip
+        for key, status, cell in found:
+            if status is None or not status.dra_claims:
+                assert holder(bar, cell, key) == "free"
+                continue
+            held += 1
+            first = status.dra_claims[0]
+            assert holder(bar, cell, key) == f"gpu-test/{first.holder.pod}"
+            what = "" if key == "GPU" else f"{key} "
+            assert f"{what}DRA claim gpu-test/{first.claim}: gpu-test/{first.holder.pod}" in [
+                n.strip() for n in bar.notes
+            ]
+    claimed = sum(
+        1 for gpu in result.gpus
+        for s in (gpu.status, *(d.status for d in gpu.mig_devices or ())) if s and s.dra_claims
+    )  # fmt: skip
+    assert held == claimed >= 1  # the first claim, alone on its device, always holds it
