@@ -930,8 +930,14 @@ def test_all_nodes_install() -> None:
     job = find(rendered, "ScrapeConfig", "kwok-gpu-nodes")["spec"]
     # The nodes it finds are the nodes the exporter serves: no node served and never scraped.
     [sd] = job["kubernetesSDConfigs"]
-    assert [s["label"] for s in sd["selectors"]] == [args[args.index("--node-selector") + 1]]
-    to = {r["targetLabel"]: r for r in job["relabelings"]}
+    # ... those with a GPU model, which the updater writes a topology for: a node without is
+    # no target (it would answer 404 forever).
+    selector = args[args.index("--node-selector") + 1]
+    assert [s["label"] for s in sd["selectors"]] == [f"{selector},nvidia.com/gpu.product"]
+    keep = [r for r in job["relabelings"] if r.get("action") == "Keep"]
+    assert keep == [{"sourceLabels": ["__meta_kubernetes_node_label_nvidia_com_gpu_product"],
+                     "regex": ".+", "action": "Keep"}]  # fmt: skip
+    to = {r.get("targetLabel"): r for r in job["relabelings"]}
     assert to["__metrics_path__"]["replacement"] == "/metrics/nodes/$1"
     # Each node to the replica of its hashmod, among as many as the StatefulSet has.
     assert to["__tmp_shard"]["modulus"] == sts["spec"]["replicas"]

@@ -21,18 +21,31 @@ OPERATOR = ROOT / "deploy" / "all-nodes" / "scrapeconfig.yaml"
 FILES = sorted(p.name for p in PROMETHEUS.glob("*.yml"))
 
 
+SELECTOR = "type=kwok,nvidia.com/gpu.product"
+PRODUCT = "__meta_kubernetes_node_label_nvidia_com_gpu_product"
+
+
 def shipped_config(
-    name: str, nodes: tuple[str, ...] = ("kwok-gpu-00", "kwok-gpu-01")
-) -> dict[str, Any]:
+    name: str, nodes: tuple[str, ...] = ("kwok-gpu-00", "kwok-gpu-01"),
+    cpu_nodes: tuple[str, ...] = (),
+) -> dict[str, Any]:  # fmt: skip
     """A shipped scrape config, Kubernetes discovery of the Nodes swapped for a static list of
-    them (with `__meta_kubernetes_node_name`, as discovery labels them)."""
+    them labelled as discovery labels them (`__meta_kubernetes_node_name`, and each label as
+    `__meta_kubernetes_node_label_<name>`): `nodes` have GPUs (a GPU model label), `cpu_nodes`
+    none, or an empty model label, as a KWOK node without GPUs may have (the selector's
+    existence test lets them through)."""
     config: dict[str, Any] = yaml.safe_load((PROMETHEUS / name).read_text())
     for job in config["scrape_configs"]:
         (sd,) = job.pop("kubernetes_sd_configs")
-        assert sd["role"] == "node" and sd["selectors"] == [{"role": "node", "label": "type=kwok"}]
+        assert sd["role"] == "node" and sd["selectors"] == [{"role": "node", "label": SELECTOR}]
         job["static_configs"] = [
-            {"targets": [node], "labels": {"__meta_kubernetes_node_name": node}} for node in nodes
-        ]
+            {"targets": [node], "labels": {"__meta_kubernetes_node_name": node,
+                                           PRODUCT: "NVIDIA-A100-SXM4-40GB"}}
+            for node in nodes
+        ] + [
+            {"targets": [node], "labels": {"__meta_kubernetes_node_name": node, PRODUCT: ""}}
+            for node in cpu_nodes
+        ]  # fmt: skip
     return config
 
 
@@ -66,7 +79,7 @@ def operator_job(path: Path) -> dict[str, Any]:
     roles in lower case, its fields in snake case (the fields it uses)."""
     spec = yaml.safe_load(path.read_text())["spec"]
     snake = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
-    actions = {"HashMod": "hashmod"}
+    actions = {"HashMod": "hashmod", "Keep": "keep"}
     return {
         "job_name": spec["jobName"],
         "scrape_interval": spec["scrapeInterval"],

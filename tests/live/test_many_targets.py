@@ -28,6 +28,8 @@ from tests.support.kubeapi import eventually
 from topology.model import Topology, dump_yaml, load_yaml
 
 NODES = [f"kwok-gpu-{i:02d}" for i in range(12)]
+# KWOK nodes without GPUs, discovered too: no exporter serves them, and none is a target.
+CPU_NODES = ("kwok-cpu-00", "kwok-cpu-01", "kwok-cpu-02")
 
 
 def cluster(tmp_path: Path) -> Path:
@@ -60,7 +62,7 @@ def scrape_config(ports: list[int]) -> dict[str, Any]:
     """deploy/prometheus/kwok-nodes-sharded.yml as shipped, its modulus the replicas here. Two
     changes only: the Nodes come from a static list carrying the label Kubernetes discovery gives
     (`__meta_kubernetes_node_name`), and each replica's DNS name is its port on this machine."""
-    config = shipped_config("kwok-nodes-sharded.yml", tuple(NODES))
+    config = shipped_config("kwok-nodes-sharded.yml", tuple(NODES), CPU_NODES)
     (job,) = config["scrape_configs"]
     for rule in job["relabel_configs"]:
         if rule.get("action") == "hashmod":
@@ -124,6 +126,8 @@ def test_each_node_is_its_own_target_on_its_shard_and_follows_a_new_shard_count(
         first = eventually(lambda: serving(url, ports), timeout=30)
         assert sorted(first) == NODES and set(first.values()) == {0, 1}
         eventually(lambda: len(query(url, "up == 1")) == len(NODES), timeout=10)
+        # The CPU-only nodes are discovered and dropped: no target, no `up == 0` for them.
+        assert len(query(url, "up")) == len(NODES)
         per_node = query(url, "count by (instance, Hostname) (DCGM_FI_DEV_FB_USED)")
         assert {(r["metric"]["instance"], r["metric"]["Hostname"]) for r in per_node} == {
             (n, n) for n in NODES}  # fmt: skip
