@@ -53,7 +53,7 @@ from typing import Any
 import yaml
 
 from bench.scale import cluster, load, machine, pct
-from tests.deploy.test_scrape_configs import shipped_config
+from tests.support.scrape import shipped_config
 
 ROOT = Path(__file__).resolve().parent.parent
 # The exporter before issue 24 (per-node targets, shards, gzip, cheaper steps): what "today's

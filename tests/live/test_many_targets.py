@@ -20,11 +20,11 @@ from typing import Any
 
 import yaml
 
-from tests.deploy.test_scrape_configs import shipped_config
 from tests.live.test_prometheus import query, start
 from tests.pipeline.test_cli import free_port, get
 from tests.support.base import SAMPLES
 from tests.support.kubeapi import eventually
+from tests.support.scrape import shipped_config
 from topology.model import Topology, dump_yaml, load_yaml
 
 NODES = [f"kwok-gpu-{i:02d}" for i in range(12)]
