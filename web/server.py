@@ -14,7 +14,9 @@ the daemons and tests import all of it from.
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import ssl
 import sys
 import threading
@@ -39,11 +41,13 @@ from web.bounds import (
 from web.config import BasicAuth, WebConfig, server_context
 from web.gzipped import GZIP_LEVEL, Gzipped, accepts_gzip
 from web.handler import CONTENT_TYPE, HEALTH_PAGES, PAGES, SELF, Handler, Site, target_path
+from web.listen import EVERY_ADDRESS, NO_IPV6, Bind, binds, url
 from web.sending import IOV_MAX, TLS_CHUNK_BYTES, send_all
 from web.snapshot import Page, Published, Snapshot
 
 __all__ = [
     "CONTENT_TYPE",
+    "EVERY_ADDRESS",
     "GZIP_LEVEL",
     "HEAD_TIMEOUT_S",
     "HEALTH_PAGES",
@@ -69,6 +73,7 @@ __all__ = [
     "read_head",
     "send_all",
     "target_path",
+    "url",
 ]
 
 log = logging.getLogger("exporter.http")
@@ -78,13 +83,21 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128  # a burst of connections waits in the kernel, not refused there
 
-    def __init__(
-        self, address: tuple[str, int], site: Site, context: ssl.SSLContext | None
-    ) -> None:
+    def __init__(self, bind: Bind, site: Site, context: ssl.SSLContext | None) -> None:
+        self.address_family = bind.family  # what TCPServer makes its socket of
+        self.dual_stack = bind.dual_stack
         self.site = site
         self.context = context
         self.slots = threading.BoundedSemaphore(site.limits.max_connections)
-        super().__init__(address, Handler)
+        super().__init__(bind.address, Handler)
+
+    def server_bind(self) -> None:
+        if self.dual_stack:
+            try:
+                self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            except OSError as e:  # IPv6 without IPv4 on the same socket (OpenBSD): IPv4 then
+                raise OSError(errno.EAFNOSUPPORT, f"no dual-stack IPv6: {e.strerror}") from e
+        super().server_bind()
 
     def get_request(self) -> tuple[Any, Any]:
         sock, address = self.socket.accept()
@@ -132,13 +145,15 @@ class _Server(ThreadingHTTPServer):
 class MetricsServer:
     """`/metrics` and `/health` on `address:port`, in a thread; TLS and auth as `web` says.
 
-    A `web` whose certificates cannot be loaded raises WebConfigError before anything listens.
+    `address` in any form web/listen.py takes; None or EVERY_ADDRESS: every address, IPv6 and
+    IPv4 where the host has IPv6. One that cannot be listened on raises OSError; a `web` whose
+    certificates cannot be loaded raises WebConfigError, both before anything listens.
     """
 
     def __init__(
         self,
         published: Published,
-        address: str,
+        address: str | None,
         port: int,
         web: WebConfig | None = None,
         limits: Limits | None = None,
@@ -157,12 +172,21 @@ class MetricsServer:
             auth=BasicAuth(web.users) if web is not None and web.users else None,
             gzipped=self.gzipped,
         )
-        self.httpd = _Server((address, port), site, context)
+        self.httpd = _listen(binds(address, port), site, context)
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
+
+    @property
+    def host(self) -> str:
+        """The address listened on: `::` when it is every address, IPv6 and IPv4."""
+        return str(self.httpd.server_address[0])
 
     @property
     def port(self) -> int:
         return int(self.httpd.server_address[1])
+
+    def url(self, path: str = "/metrics") -> str:
+        """Where it listens, for the log line: `http://[::]:9400/metrics`."""
+        return url("https" if self.tls else "http", self.host, self.port, path)
 
     def start(self) -> None:
         self.published.watch(self.inflight.bound)
@@ -177,3 +201,16 @@ class MetricsServer:
         self.published.unwatch(self._keep)
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def _listen(ways: list[Bind], site: Site, context: ssl.SSLContext | None) -> _Server:
+    """A server listening the first of `ways` that the host can: the next is tried only when
+    one fails for want of IPv6 (NO_IPV6), and the last one's error is raised."""
+    *before, last = ways
+    for bind in before:
+        try:
+            return _Server(bind, site, context)
+        except OSError as e:
+            if e.errno not in NO_IPV6:
+                raise
+    return _Server(last, site, context)
