@@ -17,7 +17,7 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Protocol, cast
@@ -247,7 +247,7 @@ class Handler(BaseHTTPRequestHandler):
         pass  # a scrape every few seconds is not news
 
 
-# The routes: each path pattern (matched whole) and the function that answers it.
+# The routes: each path (matched whole) and the function that answers it.
 
 
 def _metrics(h: Handler, snap: Snapshot, _: re.Match[str], body: bool) -> None:
@@ -287,26 +287,27 @@ def _node_health(h: Handler, snap: Snapshot, match: re.Match[str], body: bool) -
 
 @dataclass(frozen=True)
 class Rule:
-    """A path (a pattern the whole path matches, `node` its named node) and its answer. `holds`:
-    the answer sends a body of the snapshot, which is held in flight (web/bounds.py) until sent;
-    the others read the published snapshot as it is."""
+    """A path and its answer. `<node>` in the path stands for the rest of it (any characters,
+    still %-encoded), the answer's `match["node"]`. `holds`: the answer sends a body of the
+    snapshot, held in flight (web/bounds.py) until sent; the others read the published
+    snapshot as it is."""
 
-    pattern: re.Pattern[str]
+    path: str
     answer: Callable[[Handler, Snapshot, re.Match[str], bool], None]
     holds: bool
+    pattern: re.Pattern[str] = field(init=False, repr=False)
 
-
-def _path(path: str) -> re.Pattern[str]:
-    """A path, `<node>` standing for the rest of it (any characters, still %-encoded)."""
-    return re.compile(re.escape(path).replace(re.escape("<node>"), "(?P<node>.*)"), re.DOTALL)
+    def __post_init__(self) -> None:
+        node = re.escape(self.path).replace(re.escape("<node>"), "(?P<node>.*)")
+        object.__setattr__(self, "pattern", re.compile(node, re.DOTALL))
 
 
 ROUTES: tuple[Rule, ...] = (
-    Rule(_path("/metrics"), _metrics, holds=True),
-    Rule(_path(SELF), _own, holds=True),
-    Rule(_path(PAGES + "<node>"), _node_metrics, holds=True),
-    Rule(_path("/health"), _health, holds=False),
-    Rule(_path(HEALTH_PAGES + "<node>"), _node_health, holds=False),
+    Rule("/metrics", _metrics, holds=True),
+    Rule(SELF, _own, holds=True),
+    Rule(PAGES + "<node>", _node_metrics, holds=True),
+    Rule("/health", _health, holds=False),
+    Rule(HEALTH_PAGES + "<node>", _node_health, holds=False),
 )
 
 
