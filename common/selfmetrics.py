@@ -9,6 +9,38 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+
+
+def gauge(name: str, documentation: str, value: float) -> Metric:
+    """One of a daemon's own gauges, without labels."""
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def counter(name: str, documentation: str, value: float) -> Metric:
+    """One of a daemon's own counters, without labels (`name` ends in `_total`)."""
+    return CounterMetricFamily(name, documentation, value=value)
+
+
+class _Families:
+    """What prometheus_client's writer reads: a registry's `collect`."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def exposition(*families: Metric) -> bytes:
+    """A daemon's own series in the text format, written by prometheus_client (HELP, TYPE and
+    escaping as every client library writes them): built from the daemon's state when it
+    publishes, never kept in global gauges."""
+    return generate_latest(_Families(families))
+
 
 KINDS = ("node", "pod", "configmap", "file")  # always present, so a rate() has a series to read
 
@@ -33,13 +65,18 @@ class InvalidObjects:
         with self._lock:
             return self._counts[kind]
 
-    def exposition(self) -> bytes:
+    def family(self) -> Metric:
         with self._lock:
             counts = sorted(self._counts.items())
-        lines = [
-            f"# HELP {self.metric} Objects skipped or used in part because of bad input, "
-            "counted once per problem when it is first seen.",
-            f"# TYPE {self.metric} counter",
-            *(f'{self.metric}{{kind="{kind}"}} {n}' for kind, n in counts),
-        ]
-        return ("\n".join(lines) + "\n").encode()
+        family = CounterMetricFamily(
+            self.metric,
+            "Objects skipped or used in part because of bad input, counted once per problem "
+            "when it is first seen.",
+            labels=["kind"],
+        )
+        for kind, n in counts:
+            family.add_metric([kind], n)
+        return family
+
+    def exposition(self) -> bytes:
+        return exposition(self.family())

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from types import ModuleType
 
+from common import selfmetrics
 from exporter import dcgm, nvml
 from exporter.health import Health
 from exporter.loop import RenderLoop
@@ -108,17 +109,19 @@ class NvmlExporter(OneNodeSink, RenderLoop):
     def own_metrics(self) -> bytes:
         with self._lock:
             failures, at = self._failures, self._collected_at
-        lines = [
-            "# HELP mig_exporter_nvml_failed_collections_total NVML collections that failed; "
-            "the last good one stays served.",
-            "# TYPE mig_exporter_nvml_failed_collections_total counter",
-            f"mig_exporter_nvml_failed_collections_total {failures}",
-            "# HELP mig_exporter_nvml_last_collection_timestamp_seconds When the served values "
-            "were collected.",
-            "# TYPE mig_exporter_nvml_last_collection_timestamp_seconds gauge",
-            f"mig_exporter_nvml_last_collection_timestamp_seconds {at or 0:.3f}",
-        ]
-        return ("\n".join(lines) + "\n").encode() + self.invalid.exposition()
+        return selfmetrics.exposition(
+            selfmetrics.counter(
+                "mig_exporter_nvml_failed_collections_total",
+                "NVML collections that failed; the last good one stays served.",
+                failures,
+            ),
+            selfmetrics.gauge(
+                "mig_exporter_nvml_last_collection_timestamp_seconds",
+                "When the served values were collected.",
+                round(at or 0, 3),
+            ),
+            self.invalid.family(),
+        )
 
     def snapshot(self) -> Snapshot:
         with self._lock:

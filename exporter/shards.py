@@ -12,6 +12,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from common import selfmetrics
+
 _ORDINAL = re.compile(r"-([0-9]{1,6})$")
 
 
@@ -44,12 +46,13 @@ class Shard:
     def exposition(self) -> bytes:
         """The self-metrics kube-state-metrics has for its shards, so an alert sees when the
         replicas disagree on the count or one is missing."""
-        return (
-            "# HELP mig_exporter_shard_ordinal The shard this replica serves: the nodes whose "
-            "name hashes to it.\n"
-            "# TYPE mig_exporter_shard_ordinal gauge\n"
-            f"mig_exporter_shard_ordinal {self.ordinal}\n"
-            "# HELP mig_exporter_total_shards How many shards the nodes are split into.\n"
-            "# TYPE mig_exporter_total_shards gauge\n"
-            f"mig_exporter_total_shards {self.total}\n"
-        ).encode()
+        return selfmetrics.exposition(
+            selfmetrics.gauge(
+                "mig_exporter_shard_ordinal",
+                "The shard this replica serves: the nodes whose name hashes to it.",
+                self.ordinal,
+            ),
+            selfmetrics.gauge(
+                "mig_exporter_total_shards", "How many shards the nodes are split into.", self.total
+            ),
+        )

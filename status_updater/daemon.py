@@ -9,6 +9,7 @@ import threading
 
 import kubernetes
 
+from common import selfmetrics
 from kube.api import ConfigError, Pace, api_client, paced
 from status_updater.claimstatus import ClaimStatusWriter
 from status_updater.controller import Controller, Writer
@@ -166,12 +167,12 @@ def _health(
         reason = f"waiting for the first list of {', '.join(waiting)}"
     else:
         reason = trouble or "ok"
-    own = (
-        controller.invalid.exposition()
-        + (
-            "# HELP mig_status_updater_leader 1 while this replica writes the topology ConfigMaps.\n"
-            "# TYPE mig_status_updater_leader gauge\n"
-            f"mig_status_updater_leader {int(leader)}\n"
-        ).encode()
+    own = selfmetrics.exposition(
+        controller.invalid.family(),
+        selfmetrics.gauge(
+            "mig_status_updater_leader",
+            "1 while this replica writes the topology ConfigMaps.",
+            int(leader),
+        ),
     )
     return Snapshot((), reason == "ok", reason, own)

@@ -136,4 +136,4 @@ def test_a_problem_is_counted_by_the_kind_of_its_object(obj: str, kind: str) -> 
     invalid = InvalidObjects("x_invalid_objects_total")
     invalid.count(kind_of(obj))
     lines = invalid.exposition().decode().splitlines()
-    assert f'x_invalid_objects_total{{kind="{kind}"}} 1' in lines
+    assert f'x_invalid_objects_total{{kind="{kind}"}} 1.0' in lines

@@ -273,13 +273,13 @@ def test_a_failing_call_keeps_the_last_collection_and_says_it_is_stale(
         "the last good one is from 1970-01-01T00:16:40Z"
     )
     own = stale.own.decode()
-    assert "mig_exporter_nvml_failed_collections_total 1\n" in own
-    assert "mig_exporter_nvml_last_collection_timestamp_seconds 1000.000\n" in own
+    assert "mig_exporter_nvml_failed_collections_total 1.0\n" in own
+    assert "mig_exporter_nvml_last_collection_timestamp_seconds 1000.0\n" in own
     del fake.fail[function]
     exporter.collect()
     again = exporter.snapshot()
     assert again.healthy and again.reason == "ok"
-    assert "mig_exporter_nvml_failed_collections_total 1\n" in again.own.decode()
+    assert "mig_exporter_nvml_failed_collections_total 1.0\n" in again.own.decode()
 
 
 def test_nothing_is_served_before_the_first_good_collection(fake: FakeNvml) -> None:
@@ -771,7 +771,7 @@ def test_the_collector_says_each_change_once_and_counts_every_failure(
     exporter = exporter_for(fake, node_name="n1")
     before = time.time()
     exporter.collect()
-    stamp = float(re.search(r"timestamp_seconds ([0-9.]+)\n", exporter.own_metrics().decode())[1])  # type: ignore[index]
+    stamp = float(re.search(r"timestamp_seconds ([0-9.e+]+)\n", exporter.own_metrics().decode())[1])  # type: ignore[index]
     assert before - 0.001 <= stamp <= time.time() + 0.001  # the wall clock (to the ms), by default
     fake.fail["nvmlDeviceGetPowerUsage"] = pynvml.NVML_ERROR_TIMEOUT
     exporter.collect()
@@ -791,14 +791,14 @@ def test_the_collector_says_each_change_once_and_counts_every_failure(
         "# HELP mig_exporter_nvml_failed_collections_total NVML collections that failed; the "
         "last good one stays served.",
         "# TYPE mig_exporter_nvml_failed_collections_total counter",
-        "mig_exporter_nvml_failed_collections_total 2",
+        "mig_exporter_nvml_failed_collections_total 2.0",
     ]
     assert own.splitlines()[3:5] == [
         "# HELP mig_exporter_nvml_last_collection_timestamp_seconds When the served values were "
         "collected.",
         "# TYPE mig_exporter_nvml_last_collection_timestamp_seconds gauge",
     ]
-    assert 'mig_exporter_invalid_objects_total{kind="node"} 0' in own
+    assert 'mig_exporter_invalid_objects_total{kind="node"} 0.0' in own
 
 
 def test_a_failing_shutdown_after_once_is_a_debug_line_only(

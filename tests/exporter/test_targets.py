@@ -79,7 +79,7 @@ def test_shards_serve_every_node_exactly_once(total: int) -> None:
 @freeze_time("2026-11-22 10:00:00")
 def test_a_sharded_replica_says_its_shard_and_the_count() -> None:
     own = serving(Shard(1, 3)).snapshot().own.decode()
-    assert "mig_exporter_shard_ordinal 1\n" in own and "mig_exporter_total_shards 3\n" in own
+    assert "mig_exporter_shard_ordinal 1.0\n" in own and "mig_exporter_total_shards 3.0\n" in own
     assert "mig_exporter_shard_ordinal" not in serving().snapshot().own.decode()
 
 
@@ -275,7 +275,7 @@ def test_a_statefulset_pod_serves_its_ordinal_s_shard_of_the_replicas_as_they_sc
                     kube.patch("statefulsets", STS, {"spec": {"replicas": 3}}, "ops")
                 mine = {n for n in NAMES if shard_of(n, total) == 1}
                 eventually(lambda m=mine: set(many.snapshot().pages) == m, timeout=10)
-                assert f"mig_exporter_total_shards {total}\n" in many.snapshot().own.decode()
+                assert f"mig_exporter_total_shards {total}.0\n" in many.snapshot().own.decode()
             kube.patch("statefulsets", STS, {"spec": {"replicas": 1}}, "ops")
             eventually(lambda: not many.snapshot().pages, timeout=10)
             assert many.snapshot().reason == (

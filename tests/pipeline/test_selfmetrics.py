@@ -143,7 +143,7 @@ def test_updater_health_says_what_it_waits_for_or_which_loop_died() -> None:
     controller.synced |= {"nodes", "pods", "layouts"}
     ok = daemon._health(controller, leader=True, dead=[])
     assert (ok.healthy, ok.reason) == (True, "ok")
-    assert "mig_status_updater_leader 1\n" in ok.own.decode()
+    assert "mig_status_updater_leader 1.0\n" in ok.own.decode()
     dead = daemon._health(controller, leader=True, dead=["writer"])
     assert (dead.healthy, dead.reason) == (False, "the writer thread stopped")
 
