@@ -124,7 +124,9 @@ def _bad_yaml(name: str) -> dict[str, Any]:
 
 def _bad_node(name: str) -> dict[str, Any]:
     cm = _cm(name)
-    cm["data"]["topology.yml"] = cm["data"]["topology.yml"].replace("name: 2g.10gb", "name: 9g.99gb")
+    cm["data"]["topology.yml"] = cm["data"]["topology.yml"].replace(
+        "name: 2g.10gb", "name: 9g.99gb"
+    )
     return cm
 
 
