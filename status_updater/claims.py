@@ -3,7 +3,8 @@
 A claim allocated by the scheduler names its devices in `status.allocation.devices.results`
 (`driver`, `pool`, `device`, and the `request` each answers) and the pods it is reserved for in
 `status.reservedFor`. A pod names its claims in `spec.resourceClaims`, and a container uses one
-through `resources.claims` (`objects.claim_refs`). Only devices of the NVIDIA driver
+through `resources.claims` (`objects.claim_refs`): an app container, a sidecar or an init
+container. Only devices of the NVIDIA driver
 (`gpu.nvidia.com`) count.
 
 Claims and pods arrive apart (two watches, or two sets of files): each is read on its own, and
@@ -90,6 +91,7 @@ def holds(pod: Obj, claims: Mapping[ClaimKey, Claim]) -> list[dict[str, str]]:
     # One entry per container, claim and device: a container naming a claim twice (by its entry
     # and as its extended resources'), or a claim listing a device twice, holds it once.
     out: dict[tuple[str, ...], dict[str, str]] = {}
+    ended: set[tuple[str, ...]] = set()  # entries of regular init containers
     for ref in pod.get(DRA_REFS) or ():
         claim = claims.get((namespace, ref["claim"]))
         if claim is None or not (uid in claim.reserved_for or f"name:{pod_name}" in
@@ -103,4 +105,13 @@ def holds(pod: Obj, claims: Mapping[ClaimKey, Claim]) -> list[dict[str, str]]:
             entry = {"container": ref["container"], "claim": claim.name,
                      "claim-namespace": claim.namespace, "device": a.device, "pool": a.pool}  # fmt: skip
             out[tuple(entry.values())] = entry
-    return list(out.values())
+            if ref.get("init"):
+                ended.add(tuple(entry.values()))
+    # A regular init container has ended while the others run: a device another container uses
+    # is theirs; one only init containers used is still the pod's (its claim is), theirs.
+    running = {(e["claim-namespace"], e["claim"], e["device"], e["pool"])
+               for k, e in out.items() if k not in ended}  # fmt: skip
+    return [
+        e for k, e in out.items()
+        if k not in ended or (e["claim-namespace"], e["claim"], e["device"], e["pool"]) not in running
+    ]  # fmt: skip

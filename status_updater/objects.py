@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kube.times import timestamp
@@ -188,20 +189,24 @@ DRA_KEY = "dra"  # what the state adds for placement: their devices (claims.hold
 
 
 def slim_pod(pod: Obj) -> dict[str, Any]:
-    """What placement reads of a pod."""
+    """What placement reads of a pod: of each container that can hold a device (`containers`),
+    its name, its GPU limits and (an init container) whether it is a sidecar."""
     meta = metadata(pod)
-    spec = pod.get("spec")
-    spec = spec if isinstance(spec, Mapping) else {}
+    spec = strings(pod.get("spec"))
     status = pod.get("status")
-    containers = spec.get("containers")
-    kept = []
-    for c in containers if isinstance(containers, list) else []:
-        if not isinstance(c, Mapping):
-            continue
-        resources = c.get("resources")
-        limits = resources.get("limits") if isinstance(resources, Mapping) else None
-        gpu_limits = {k: v for k, v in strings(limits).items() if is_gpu_resource(k)}
-        kept.append({"name": c.get("name"), "resources": {"limits": gpu_limits}})
+    kept: dict[str, list[dict[str, Any]]] = {"containers": [], "initContainers": []}
+    for key, i, c in _every_container(spec):
+        if len(kept[key]) < i:  # one that is no object: as if there, so that indices hold
+            kept[key] += [{}] * (i - len(kept[key]))
+        limits = strings(c.get("resources")).get("limits")
+        container = {"name": c.get("name"), "resources": {"limits": {
+            k: v for k, v in strings(limits).items() if is_gpu_resource(k)}}}  # fmt: skip
+        if key == INIT_CONTAINERS and is_sidecar(c):
+            container["restartPolicy"] = c["restartPolicy"]
+        kept[key].append(container)
+    slim_spec: dict[str, Any] = {"nodeName": spec.get("nodeName"), "containers": kept["containers"]}
+    if kept["initContainers"]:
+        slim_spec["initContainers"] = kept["initContainers"]
     slim: dict[str, Any] = {
         "kind": "Pod",
         "metadata": {
@@ -209,12 +214,48 @@ def slim_pod(pod: Obj) -> dict[str, Any]:
             "labels": _only(meta.get("labels"), POD_LABELS),
             "annotations": _kept(meta.get("annotations"), POD_ANNOTATIONS),
         },
-        "spec": {"nodeName": spec.get("nodeName"), "containers": kept},
+        "spec": slim_spec,
         "status": {"phase": status.get("phase") if isinstance(status, Mapping) else None},
     }
     if asks_for_devices(pod):
         slim[DRA_REFS] = claim_refs(pod)
     return slim
+
+
+# --- containers ----------------------------------------------------------------------------------
+# Every container that can hold a device: the init containers and the app containers (ephemeral
+# containers have no resources). The kubelet hands them devices in this order (its device
+# manager's `Allocate`): a regular init container runs to its end before the next starts, so its
+# devices are reusable by the containers after it; a sidecar (an init container with
+# `restartPolicy: Always`, GA in Kubernetes 1.33) runs beside the app containers, so its devices
+# are its own, as an app container's are (placement.kubelet).
+
+INIT_CONTAINERS = "initContainers"
+INIT, SIDECAR, APP = "init", "sidecar", "app"  # a container's kind
+
+
+def is_sidecar(container: Mapping[str, Any]) -> bool:
+    """An init container that restarts (`restartPolicy: Always`): it runs beside the app
+    containers for the pod's life (Kubernetes' `IsRestartableInitContainer`)."""
+    return container.get("restartPolicy") == "Always"
+
+
+def _every_container(spec: Mapping[str, Any]) -> Iterator[tuple[str, int, Mapping[str, Any]]]:
+    """(`initContainers` or `containers`, index, container) of each container, in the order the
+    kubelet allocates their devices: the init containers, then the app containers."""
+    for key in (INIT_CONTAINERS, "containers"):
+        found = spec.get(key)
+        for i, c in enumerate(found if isinstance(found, list) else []):
+            if isinstance(c, Mapping):
+                yield key, i, c
+
+
+def containers(pod: Obj) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """(field, kind, container) of each container that can hold a device, in the kubelet's
+    order: `spec.initContainers[0]`, `init` or `sidecar`; then `spec.containers[0]`, `app`."""
+    for key, i, c in _every_container(strings(pod.get("spec"))):
+        kind = APP if key == "containers" else SIDECAR if is_sidecar(c) else INIT
+        yield f"spec.{key}[{i}]", kind, c
 
 
 def _items(value: object) -> list[Mapping[str, Any]]:
@@ -264,13 +305,16 @@ def _extended_refs(status: Mapping[str, Any]) -> list[dict[str, str]]:
 
 
 def _named_refs(spec: Mapping[str, Any], claim_of: Mapping[str, str]) -> list[dict[str, str]]:
+    """A regular init container's refs are marked `init`: it has ended once the app containers
+    run, so it holds a device only where no other container of the pod uses it (`claims.holds`)."""
     return [
         {
             "container": str(c.get("name", "")),
             "claim": claim_of[named],
             "request": str(used.get("request") or ""),
+            **({"init": "true"} if key == INIT_CONTAINERS and not is_sidecar(c) else {}),
         }
-        for c in _items(spec.get("containers"))
+        for key, _, c in _every_container(spec)
         for used in _items(strings(c.get("resources")).get("claims"))
         if (named := str(used.get("name", ""))) in claim_of
     ]
@@ -340,16 +384,14 @@ def is_gpu_resource(name: object) -> bool:
 QUANTITY = re.compile(r"[0-9]{1,6}")  # a device count; more than a million is no real request
 
 
-def gpu_limits(pod: Obj) -> Iterator[tuple[int, str, str, object]]:
-    """(container index, container name, resource, value) of each GPU or MIG resource limit."""
-    spec = pod.get("spec")
-    containers = spec.get("containers") if isinstance(spec, Mapping) else None
-    for i, c in enumerate(containers if isinstance(containers, list) else []):
-        resources = c.get("resources") if isinstance(c, Mapping) else None
-        limits = resources.get("limits") if isinstance(resources, Mapping) else None
+def gpu_limits(pod: Obj) -> Iterator[tuple[str, str, str, str, object]]:
+    """(field, kind, container name, resource, value) of each GPU or MIG resource limit of each
+    container that can hold a device (`containers`), in the kubelet's order."""
+    for field, kind, c in containers(pod):
+        limits = strings(c.get("resources")).get("limits")
         for resource, value in sorted(strings(limits).items()):
             if is_gpu_resource(resource):
-                yield i, str(c.get("name", "")), str(resource), value
+                yield field, kind, str(c.get("name", "")), str(resource), value
 
 
 def device_count(value: object) -> int | None:
@@ -358,21 +400,32 @@ def device_count(value: object) -> int | None:
     return int(text) if QUANTITY.fullmatch(text) and not isinstance(value, bool) else None
 
 
-def requests(pod: Obj) -> list[tuple[int, str, str, int]]:
-    """(container index, container name, resource, count) of each GPU or MIG resource the
-    pod's containers ask for (extended resources are whole numbers, their limit the request)."""
+@dataclass(frozen=True)
+class Ask:
+    """One container's request for devices of one resource (extended resources are whole
+    numbers, their limit the request)."""
+
+    field: str  # where the container is: `spec.initContainers[0]`
+    kind: str  # INIT, SIDECAR or APP
+    container: str
+    resource: str
+    count: int
+
+
+def requests(pod: Obj) -> list[Ask]:
+    """Each GPU or MIG resource the pod's containers ask for, in the kubelet's order."""
     return [
-        (i, name, resource, count)
-        for i, name, resource, value in gpu_limits(pod)
+        Ask(field=field, kind=kind, container=name, resource=resource, count=count)
+        for field, kind, name, resource, value in gpu_limits(pod)
         if (count := device_count(value))
     ]
 
 
-def odd_requests(pod: Obj) -> list[tuple[int, str, object]]:
-    """(container index, resource, value) of each GPU or MIG resource asked for in something
+def odd_requests(pod: Obj) -> list[tuple[str, str, object]]:
+    """(container's field, resource, value) of each GPU or MIG resource asked for in something
     other than a whole number of devices (`1.5`, `500m`, `-1`): the API refuses such a pod, so
     one comes only from a file or an emulator, and is said, never silently left out."""
-    return [(i, r, v) for i, _, r, v in gpu_limits(pod) if device_count(v) is None]
+    return [(f, r, v) for f, _, _, r, v in gpu_limits(pod) if device_count(v) is None]
 
 
 def shown(value: object) -> str:
@@ -384,10 +437,6 @@ def mig_profile(resource: str) -> str | None:
     """The MIG profile a resource asks for (`nvidia.com/mig-1g.5gb` -> `1g.5gb`); None for
     `nvidia.com/gpu`, which under the single strategy is an instance of any profile."""
     return None if resource == GPU_RESOURCE else resource.removeprefix(runai.MIG_RESOURCE_PREFIX)
-
-
-def whole_gpus_requested(pod: Obj) -> int:
-    return sum(n for _, _, resource, n in requests(pod) if base_resource(resource) == GPU_RESOURCE)
 
 
 def pod_order(pod: Obj) -> tuple[float, str, str]:

@@ -75,11 +75,11 @@ def place_pods(
 
 
 def _place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
-    for ci, resource, value in odd_requests(pod):
+    for field, resource, value in odd_requests(pod):
         # The kubelet would never run it: the pod holds nothing, as one that does not fit.
         raise TopologyError(
             pod_ref(pod),
-            f"spec.containers[{ci}].resources.limits[{resource}]",
+            f"{field}.resources.limits[{resource}]",
             f"expected a whole number of devices, got {shown(value)}: not placed",
         )
     policy = next(p for p in POLICIES if p.applies(board, pod))

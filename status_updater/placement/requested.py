@@ -1,11 +1,15 @@
 """Policy: device-plugin requests (static MIG, whole GPUs). Each container gets the devices its
-resources ask for, the lowest GPU index and GI id first, as the device plugin hands them out. A
-pod that does not fit gets nothing, as the kubelet admits a pod whole or not at all."""
+resources ask for, in the kubelet's order and with its reuse of the regular init containers'
+devices (`kubelet.allocate`), the lowest GPU index and GI id first, as the device plugin hands
+them out. A pod that does not fit gets nothing, as the kubelet admits a pod whole or not at all."""
 
 from __future__ import annotations
 
-from status_updater.objects import Obj, mig_profile, names, pod_ref, pod_uid, requests
-from status_updater.placement.board import Board, Policy
+from collections.abc import Collection
+
+from status_updater.objects import Ask, Obj, mig_profile, names, pod_ref, pod_uid, requests
+from status_updater.placement.board import Board, Device, Policy
+from status_updater.placement.kubelet import Rank, allocate, demand
 from status_updater.usage import pod_usage
 from topology.errors import TopologyError
 from topology.model import AllocatedBy, DeviceStatus, PodUsage
@@ -19,70 +23,71 @@ def applies(board: Board, pod: Obj) -> bool:
 def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
     obj, uid = pod_ref(pod), pod_uid(pod)
     namespace, pod_name = names(pod)
-    taken: list[tuple[int, int, str]] = []  # (gpu index, device index, container)
-    whole: list[tuple[int, str, int]] = []  # (container index, container, count)
-    for ci, container, resource, count in requests(pod):
-        if resource == GPU_RESOURCE and not board.single:
-            whole.append((ci, container, count))
-        else:
-            taken += _mig_picks(board, obj, uid, ci, container, resource, count, taken)
-    wanted = sum(n for _, _, n in whole)
+    asks = requests(pod)
+    whole = [a for a in asks if a.resource == GPU_RESOURCE and not board.single]
     free_gpus = board.free_gpus(uid)
+    wanted = demand(whole)
     if wanted > len(free_gpus):
         raise TopologyError(
             obj,
-            f"spec.containers[{whole[0][0]}].resources.limits[{GPU_RESOURCE}]",
+            f"{whole[0].field}.resources.limits[{GPU_RESOURCE}]",
             f"asks for {wanted} GPUs, node {board.name} has {len(free_gpus)} free",
         )
+
+    def take(ask: Ask, count: int, have: Collection[Device], rank: Rank[Device]) -> list[Device]:
+        if ask.resource == GPU_RESOURCE and not board.single:
+            free: list[Device] = [(i, None) for i in free_gpus if (i, None) not in have]
+            return sorted(free, key=lambda dev: (rank(dev), dev[0]))[:count]
+        return _mig_picks(board, obj, uid, ask, count, have, rank)
+
+    kept = {(g, d): c for g, d, c in board.kept.get(uid, ())}
     usages: dict[str, PodUsage] = {}
-    for g, d, container in taken:
+    gpus: dict[str, list[int]] = {}  # container -> the whole GPUs it holds
+    for (g, d), ask in allocate(asks, kept, take).items():
+        holder = AllocatedBy(namespace, pod_name, ask.container)
+        if d is None:
+            gpus.setdefault(ask.container, []).append(g)
+            continue
         devices = board.migs[g]
         assert devices is not None  # chosen from them
         name = devices[d].name
         if name not in usages:
             usages[name] = pod_usage(pod, obj, board.mig_fb_total(name), warnings)
-        holder = AllocatedBy(namespace, pod_name, container)
         board.set_status(g, d, DeviceStatus(holder, {uid: usages[name]}))
-    at = 0
-    for _, container, count in whole:
-        board.hold(pod, obj, AllocatedBy(namespace, pod_name, container), uid, warnings,
-                   free_gpus[at : at + count])  # fmt: skip
-        at += count
+    for container, held in gpus.items():
+        board.hold(pod, obj, AllocatedBy(namespace, pod_name, container), uid, warnings, held)
 
 
 def _mig_picks(
     board: Board,
     obj: str,
     uid: str,
-    ci: int,
-    container: str,
-    resource: str,
+    ask: Ask,
     count: int,
-    taken: list[tuple[int, int, str]],
-) -> list[tuple[int, int, str]]:
-    """The MIG devices (GPU, device) one container gets for one resource: of its profile (any,
-    for the single strategy's `nvidia.com/gpu`), free, not taken by the pod's other containers."""
-    profile = mig_profile(resource)
-    held = {(g, d) for g, d, _ in taken}
-    mine = {(g, d) for g, d, c in board.kept.get(uid, ()) if c == container}
+    have: Collection[Device],
+    rank: Rank[Device],
+) -> list[Device]:
+    """`count` new MIG devices (GPU, device) for one container's ask: of its profile (any, for
+    the single strategy's `nvidia.com/gpu`), free, not the pod's already."""
+    profile = mig_profile(ask.resource)
     free = [
         (dev.gpu_instance_id, g, d)
         for g, devices in enumerate(board.migs)
         for d, dev in enumerate(devices or ())
         if dev.status is None
         and (profile is None or dev.name == profile)
-        and (g, d) not in held
+        and (g, d) not in have
         and board.reserved.get((g, d), uid) == uid
     ]
     if len(free) < count:
         raise TopologyError(
             obj,
-            f"spec.containers[{ci}].resources.limits[{resource}]",
+            f"{ask.field}.resources.limits[{ask.resource}]",
             f"asks for {count} {profile or 'MIG device'}, node {board.name} has {len(free)} free",
         )
     # What the container held before first, so nothing moves while it lives.
-    chosen = sorted(free, key=lambda f: ((f[1], f[2]) not in mine, f[1], f[0]))[:count]
-    return [(g, d, container) for _, g, d in chosen]
+    chosen = sorted(free, key=lambda f: (rank((f[1], f[2])), f[1], f[0]))[:count]
+    return [(g, d) for _, g, d in chosen]
 
 
 POLICY = Policy("device-plugin requests", applies, place)

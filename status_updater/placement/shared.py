@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, deque
+from collections.abc import Collection
 
-from status_updater.objects import Obj, mig_profile, names, pod_ref, pod_uid, requests
+from status_updater.objects import Ask, Obj, mig_profile, names, pod_ref, pod_uid, requests
 from status_updater.placement.board import Board, Device, Policy
+from status_updater.placement.kubelet import NOT_KEPT, Rank, allocate
 from status_updater.usage import pod_usage
 from topology.errors import TopologyError
 from topology.model import AllocatedBy, DeviceStatus, PodUsage, Replica
@@ -26,15 +28,14 @@ def applies(board: Board, pod: Obj) -> bool:
 def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
     obj, uid = pod_ref(pod), pod_uid(pod)
     namespace, pod_name = names(pod)
-    picks: list[tuple[int, int | None, int, str]] = []  # (gpu, MIG device, replica, container)
-    taken: set[Pick] = set()  # by this pod's earlier containers
-    for ci, container, resource, count in requests(pod):
-        chosen = _container_picks(board, obj, uid, ci, container, resource, count, taken)
-        picks += [(g, d, r, container) for g, d, r in chosen]
-        taken.update(chosen)
+    kept = {(g, d, r): c for g, d, r, c in board.kept_replicas.get(uid, ())}
+
+    def take(ask: Ask, count: int, have: Collection[Pick], rank: Rank[Pick]) -> list[Pick]:
+        return _container_picks(board, obj, uid, ask, count, set(have), rank)
+
     usages: dict[Device, PodUsage] = {}
-    for g, d, r, container in picks:
-        holder = AllocatedBy(namespace, pod_name, container)
+    for (g, d, r), ask in allocate(requests(pod), kept, take).items():
+        holder = AllocatedBy(namespace, pod_name, ask.container)
         board.replicas.setdefault((g, d), {})[r] = Replica(r, holder, uid)
         if (g, d) not in usages:
             most, share = _replica_memory(board, g, d)
@@ -47,13 +48,13 @@ def _container_picks(
     board: Board,
     obj: str,
     uid: str,
-    ci: int,
-    container: str,
-    resource: str,
+    ask: Ask,
     count: int,
     taken: set[Pick],
+    rank: Rank[Pick],
 ) -> list[Pick]:
-    """One container's `count` replicas of `resource`: those it kept, then the policy's picks."""
+    """`count` new replicas for one container's ask: those its pod kept that it should have
+    (`rank`), then the policy's picks; `taken`: the pod's already (its earlier containers')."""
     assert board.node.sharing is not None
     per_device = board.node.sharing.replicas
 
@@ -64,12 +65,13 @@ def _container_picks(
             and board.reserved_replicas.get((g, d, r), uid) == uid
         )
 
-    resource = base_resource(resource)
+    resource = base_resource(ask.resource)
     profile = mig_profile(resource)
     devices = _shared_devices(board, profile)
     known = set(devices)
-    mine = [(g, d, r) for g, d, r, c in board.kept_replicas.get(uid, ())
-            if c == container and (g, d) in known and free(g, d, r)]  # fmt: skip
+    mine = sorted((p for g, d, r, _ in board.kept_replicas.get(uid, ())
+                   if rank(p := (g, d, r)) < NOT_KEPT and (g, d) in known and free(g, d, r)),
+                  key=rank)  # fmt: skip
     chosen: list[Pick] = mine[:count]
     held = set(chosen)
     # Per device, the replicas still free for this container, lowest first: built once and
@@ -91,7 +93,7 @@ def _container_picks(
     for _ in range(count - len(chosen)):
         if not ranked:
             free_count = sum(1 for dev in devices for r in range(per_device) if free(*dev, r))
-            field = f"spec.containers[{ci}].resources.limits[{resource}]"
+            field = f"{ask.field}.resources.limits[{resource}]"
             what = f"{count} {profile or 'GPU'} replicas"
             raise TopologyError(
                 obj, field, f"asks for {what}, node {board.name} has {free_count} free"

@@ -1,19 +1,17 @@
 """Policy: whole GPUs on a run:ai dynamic-MIG node, for a pod without a MIG annotation: its
-containers' `nvidia.com/gpu` together, the pod's first container named as the holder."""
+containers' `nvidia.com/gpu`, each container's held by it, in the kubelet's order and with its
+reuse of the regular init containers' GPUs (`kubelet.allocate`)."""
 
 from __future__ import annotations
 
-from status_updater.objects import (
-    Obj,
-    first_container,
-    names,
-    pod_ref,
-    pod_uid,
-    whole_gpus_requested,
-)
-from status_updater.placement.board import Board, Policy
+from collections.abc import Collection
+
+from status_updater.objects import Ask, Obj, names, pod_ref, pod_uid, requests
+from status_updater.placement.board import Board, Device, Policy
+from status_updater.placement.kubelet import Rank, allocate, demand
 from topology.errors import TopologyError
 from topology.model import AllocatedBy
+from topology.sharing import GPU_RESOURCE, base_resource
 
 
 def applies(board: Board, pod: Obj) -> bool:
@@ -21,7 +19,8 @@ def applies(board: Board, pod: Obj) -> bool:
 
 
 def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
-    count = whole_gpus_requested(pod)
+    asks = [a for a in requests(pod) if base_resource(a.resource) == GPU_RESOURCE]
+    count = demand(asks)
     if count == 0:
         return
     obj, uid = pod_ref(pod), pod_uid(pod)
@@ -32,8 +31,17 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
             "spec.containers[].resources.limits[nvidia.com/gpu]",
             f"asks for {count} GPUs, node {board.name} has {len(free)} free",
         )
-    allocated_by = AllocatedBy(*names(pod), first_container(pod))
-    board.hold(pod, obj, allocated_by, uid, warnings, free[:count])
+
+    def take(_ask: Ask, n: int, have: Collection[Device], rank: Rank[Device]) -> list[Device]:
+        left: list[Device] = [(i, None) for i in free if (i, None) not in have]
+        return sorted(left, key=lambda dev: (rank(dev), dev[0]))[:n]
+
+    kept: dict[Device, str] = {(g, d): c for g, d, c in board.kept.get(uid, ()) if d is None}
+    held: dict[str, list[int]] = {}
+    for (g, _), ask in allocate(asks, kept, take).items():
+        held.setdefault(ask.container, []).append(g)
+    for container, gpus in held.items():
+        board.hold(pod, obj, AllocatedBy(*names(pod), container), uid, warnings, gpus)
 
 
 POLICY = Policy("whole GPUs", applies, place)
