@@ -8,8 +8,8 @@ basic auth, and adds the configured headers.
 
 The pieces, each in its module: the snapshots (web/snapshot.py), gzip (web/gzipped.py), the
 bounds on what a client can make the server hold (web/bounds.py), sending (web/sending.py), the
-handler and its routes (web/handler.py). This module starts and stops the server, and is where
-the daemons and tests import all of it from.
+handler and its routes (web/handler.py), the address forms and URLs (web/listen.py). This module
+listens, starts and stops the server, and is where the daemons and tests import all of it from.
 """
 
 from __future__ import annotations
