@@ -25,7 +25,13 @@ from exporter.many import NodesExporter
 from exporter.node import missing_node, node_of
 from exporter.service import Exporter
 from exporter.shards import Shard, ordinal
-from exporter.sources import file_source, read_topology_file, watch_own_statefulset, watches
+from exporter.sources import (
+    file_source,
+    node_watches,
+    nodes_watches,
+    read_topology_file,
+    watch_own_statefulset,
+)
 from kube import names
 from kube.api import port
 from topology import dra
@@ -387,6 +393,7 @@ def serve(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None =
     stop = threading.Event()
     published = Published()
     exporter: Exporter | NodesExporter | NvmlExporter
+    many: NodesExporter | None = None
     nv: ModuleType | None = None
     if args.source == "nvml":
         nv = nvml.open_nvml()  # no NVML, no GPU: said before anything listens
@@ -394,7 +401,7 @@ def serve(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None =
         exporter = NvmlExporter(nv, options, published, interval_s, args.node_name)
     elif args.all_nodes:
         autoshard = args.autoshard
-        exporter = NodesExporter(
+        exporter = many = NodesExporter(
             options, published, node_selector=args.node_selector, shard=shard,
             autoshard=f"StatefulSet of pod {autoshard.namespace}/{autoshard.pod}"
             if autoshard is not None else None,
@@ -419,12 +426,14 @@ def serve(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None =
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_USAGE
-        sources = watches(exporter, stop, client, args.layout, args.node_name, args.node_selector)
-        if args.autoshard is not None and isinstance(exporter, NodesExporter):
-            found = args.autoshard
+        if many is None:
+            sources = node_watches(exporter, stop, client, args.layout, args.node_name)
+        else:
+            sources = nodes_watches(many, stop, client, args.layout, args.node_selector)
+        if many is not None and (found := args.autoshard) is not None:
             sources.append(threading.Thread(
                 target=watch_own_statefulset,
-                args=(exporter, stop, client, found.pod, found.namespace, found.required),
+                args=(many, stop, client, found.pod, found.namespace, found.required),
                 daemon=True,
             ))  # fmt: skip
     try:

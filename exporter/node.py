@@ -80,6 +80,11 @@ class OneNodeSink:
                 self.health.clear(self.KEY, self.good_again())
         self.wake.set()
 
+    def owns(self, node: str) -> bool:
+        """Every node of a document is read: when this one is missing, the others say which
+        nodes are there."""
+        return True
+
     def rejected(self, source: str, e: TopologyError) -> None:
         """The source's content is invalid: keep serving, report unhealthy, count it once."""
         self.health.count(self.KEY, e)

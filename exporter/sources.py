@@ -45,6 +45,11 @@ class Sink(Protocol):
 
     def rejected(self, source: str, e: TopologyError) -> None: ...
 
+    def owns(self, node: str) -> bool:
+        """Whether the node is this exporter's to read: a shard's ConfigMaps of other nodes in a
+        List are left unread."""
+        ...
+
 
 # --- a file --------------------------------------------------------------------------------------
 
@@ -57,10 +62,6 @@ def read_topology_file(path: Path, wanted: Callable[[str], bool] | None = None) 
     except UnreadableFile as e:
         raise TopologyError(obj, "topology", str(e)) from None
     return parse_document(text, obj, wanted)
-
-
-def _wanted(exporter: Sink) -> Callable[[str], bool] | None:
-    return exporter.owns if isinstance(exporter, NodesExporter) else None
 
 
 Stamp = tuple[int, ...]
@@ -93,7 +94,7 @@ def follow_file(
             seen = current
             source = f"topology file {path}"
             try:
-                exporter.update(read_topology_file(path, _wanted(exporter)), source)
+                exporter.update(read_topology_file(path, exporter.owns), source)
             except TopologyError as e:
                 exporter.rejected(source, e)
         stop.wait(interval)
@@ -105,7 +106,7 @@ def file_source(path: Path, exporter: Sink, stop: threading.Event) -> threading.
     from the stamp taken before that read: it reads the file again only if it changed since
     (5,000 nodes' file takes seconds to read)."""
     seen = _stamp(path)
-    exporter.update(read_topology_file(path, _wanted(exporter)), f"topology file {path}")
+    exporter.update(read_topology_file(path, exporter.owns), f"topology file {path}")
     return threading.Thread(target=follow_file, args=(path, exporter, stop, 1.0, seen),
                             daemon=True)  # fmt: skip
 
@@ -113,27 +114,31 @@ def file_source(path: Path, exporter: Sink, stop: threading.Event) -> threading.
 # --- the API server ------------------------------------------------------------------------------
 
 
-def watches(
+def node_watches(
     exporter: Sink, stop: threading.Event, client: kubernetes.client.ApiClient, layout: str,
-    node_name: str | None, node_selector: str | None,
+    node_name: str,
 ) -> list[threading.Thread]:  # fmt: skip
-    """The watch threads that feed `exporter`: which ConfigMaps follows from the layout."""
+    """The watch that feeds one node's exporter: its own ConfigMap, or the single layout's."""
+    name = topology_name() if layout == "single" else node_configmap_name(node_name)
+    return [threading.Thread(target=watch_configmap,
+                             args=(exporter, stop, client, name, topology_namespace()),
+                             daemon=True)]  # fmt: skip
+
+
+def nodes_watches(
+    many: NodesExporter, stop: threading.Event, client: kubernetes.client.ApiClient, layout: str,
+    node_selector: str | None,
+) -> list[threading.Thread]:  # fmt: skip
+    """The watches that feed `--all-nodes`: every per-node ConfigMap (or the single layout's
+    ConfigMap, every node), and the Nodes `--node-selector` names."""
     namespace = topology_namespace()
-    many = exporter if isinstance(exporter, NodesExporter) else None
-    if many is not None and layout == "per-node":
-        threads = [threading.Thread(
-            target=watch_node_configmaps, args=(many, stop, client, namespace), daemon=True
-        )]  # fmt: skip
+    if layout == "per-node":
+        target: Callable[..., None] = watch_node_configmaps
+        args: tuple[Any, ...] = (many, stop, client, namespace)
     else:
-        # --all-nodes has no node name here: it reads the single layout's ConfigMap, every node.
-        if layout == "single" or node_name is None:
-            name = topology_name()
-        else:
-            name = node_configmap_name(node_name)
-        threads = [threading.Thread(
-            target=watch_configmap, args=(exporter, stop, client, name, namespace), daemon=True
-        )]  # fmt: skip
-    if many is not None and node_selector:
+        target, args = watch_configmap, (many, stop, client, topology_name(), namespace)
+    threads = [threading.Thread(target=target, args=args, daemon=True)]
+    if node_selector:
         threads.append(threading.Thread(
             target=watch_selected_nodes, args=(many, stop, client, node_selector), daemon=True,
         ))  # fmt: skip

@@ -213,6 +213,9 @@ class _Reads:
     def rejected(self, source: str, e: object) -> None:
         raise AssertionError(e)
 
+    def owns(self, node: str) -> bool:
+        return True
+
 
 def test_a_topology_file_is_read_once_at_start_and_again_when_it_changes(tmp_path: Path) -> None:
     """A 5,000-node file takes seconds to read: the follower starts from the first read's

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from exporter import cli
+from exporter import cli, dcgm
 from exporter.many import NodesExporter
 from exporter.shards import shard_of
 from exporter.sources import watch_own_statefulset
 from tests.exporter.test_many import doc
-from tests.exporter.test_targets import MIG, NAMES, OPTIONS, STS
+from tests.exporter.test_targets import MIG, NAMES, STS
 from tests.support.base import SAMPLES
 from tests.support.kubeapi import KubeAPI, eventually
 from web.server import Published
@@ -133,7 +133,10 @@ def test_a_pod_the_platform_names_shards_only_when_a_statefulset_owns_it(
         _pods(kube)
         if fault is not None:
             kube.fail_next(50, status=fault, plural="pods")
-        many = NodesExporter(OPTIONS, Published(), autoshard=f"StatefulSet of pod ops/{pod}")
+        # Options of its own: the energy each node has counted is the options' (a shared one
+        # would move on for other tests' nodes of the same names).
+        options = dcgm.Options("ignored", "535.104.05")
+        many = NodesExporter(options, Published(), autoshard=f"StatefulSet of pod ops/{pod}")
         for name in NAMES:
             many.update_source(f"topology-{name}", doc(name, MIG), f"ConfigMap {name}")
         many.problem(None)
