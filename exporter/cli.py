@@ -39,7 +39,8 @@ from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
 from topology.settings import add_layout_argument, topology_name, topology_namespace
 from web.config import WebConfigError, load
-from web.server import MetricsServer, Published
+from web.listen import host_port
+from web.server import EVERY_ADDRESS, MetricsServer, Published
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 log = logging.getLogger("exporter")
@@ -60,7 +61,12 @@ def parser() -> argparse.ArgumentParser:
     )
     _topology_arguments(p)
     p.add_argument("--once", action="store_true", help="print the exposition and exit")
-    p.add_argument("--address", default="0.0.0.0", help="listen address (default 0.0.0.0)")
+    p.add_argument(
+        "--address",
+        default=EVERY_ADDRESS,
+        help="listen address, any form (0.0.0.0, ::, [::1], a host name; default: every "
+        "address, IPv6 and IPv4 where the host has IPv6)",
+    )
     p.add_argument("--port", type=port, default=9400, help="listen port (default 9400)")
     _series_arguments(p)
     p.add_argument(
@@ -439,7 +445,8 @@ def serve(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None =
     try:
         server = MetricsServer(published, args.address, args.port, web)
     except OSError as e:
-        print(f"error: cannot listen on {args.address}:{args.port}: {e.strerror}", file=sys.stderr)
+        where = host_port(args.address, args.port)
+        print(f"error: cannot listen on {where}: {e.strerror}", file=sys.stderr)
         return EXIT_USAGE
     server.start()
     for source in sources:
@@ -451,8 +458,7 @@ def serve(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None =
         if args.all_nodes
         else f"node {args.node_name}"
     )
-    scheme = "https" if server.tls else "http"
-    log.info("serving %s on %s://%s:%d/metrics", what, scheme, args.address, server.port)
+    log.info("serving %s on %s", what, server.url("/metrics"))
     exporter.run(stop, sources)
     server.stop()
     if nv is not None:

@@ -36,6 +36,7 @@ from topology import migparted, yamltext
 from topology.errors import TopologyError
 from topology.model import NodeTopology, dump_yaml
 from topology.settings import add_layout_argument, topology_name, topology_namespace
+from web.server import EVERY_ADDRESS
 
 EXIT_OK, EXIT_USAGE = 0, 2
 # Every variable the updater reads: one that is not UTF-8 is refused at the start.
@@ -273,8 +274,9 @@ def _run_arguments(live: argparse.ArgumentParser) -> None:
     )
     live.add_argument(
         "--metrics-address",
-        default=os.environ.get("METRICS_ADDRESS") or "0.0.0.0",
-        help="listen address for --metrics-port (env METRICS_ADDRESS, default %(default)s)",
+        default=os.environ.get("METRICS_ADDRESS") or EVERY_ADDRESS,
+        help="listen address for --metrics-port, any form (0.0.0.0, ::, [::1], a host name; "
+        "env METRICS_ADDRESS; default: every address, IPv6 and IPv4 where the host has IPv6)",
     )
     live.add_argument(
         "--kube-api-qps",

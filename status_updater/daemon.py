@@ -19,6 +19,7 @@ from status_updater.pernode import PerNodeWriter
 from status_updater.single import SingleWriter
 from status_updater.slicewriter import SliceWriter, WithSlices
 from topology.settings import topology_name, topology_namespace
+from web.listen import host_port
 from web.server import MetricsServer, Published, Snapshot
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
@@ -73,9 +74,8 @@ def run(
         try:
             server = MetricsServer(published, *metrics)
         except OSError as e:
-            print(
-                f"error: cannot listen on {metrics[0]}:{metrics[1]}: {e.strerror}", file=sys.stderr
-            )
+            where = host_port(*metrics)
+            print(f"error: cannot listen on {where}: {e.strerror}", file=sys.stderr)
             return EXIT_USAGE
         server.start()
     threads = (*controller.informers(stop), elect, writer_thread)

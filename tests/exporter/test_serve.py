@@ -78,7 +78,7 @@ def test_the_documented_defaults_and_environment(monkeypatch: pytest.MonkeyPatch
     # The driver: the real dumps' 520.56.06, or with --kubernetes-enable-dra the DRA slices'
     # 580.65.06 (tests/pipeline/test_dra.py serves both).
     assert (args.address, args.port, args.source, args.driver_version) == (
-        "0.0.0.0", 9400, "topology", None)  # fmt: skip
+        "", 9400, "topology", None)  # fmt: skip
     assert args.collect_interval == DEFAULT_INTERVAL_MS == 30_000
     assert not (args.mig_pod_labels or args.kubernetes_virtual_gpus or args.all_nodes)
     assert args.node_name is None and args.collectors is None and args.web_config_file is None

@@ -265,7 +265,7 @@ def test_the_updater_s_documented_defaults_reach_the_daemon(
     pace, timing = args[-2:]
     assert (pace.qps, pace.burst) == (100, 200) and timing == Timing(15, 10, 2)  # client-go's
     assert args[1:-2] == ("per-node", "topology-status-updater", f"{socket.gethostname()}-{os.getpid()}",
-                        30.0, "gpu-operator/default-mig-parted-config", ("0.0.0.0", 9401),
+                        30.0, "gpu-operator/default-mig-parted-config", ("", 9401),
                         None)  # fmt: skip
     monkeypatch.setenv("POD_NAME", "updater-1")
     monkeypatch.setenv("MIG_PARTED_CONFIG", "ops/layouts")
