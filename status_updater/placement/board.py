@@ -17,7 +17,15 @@ from status_updater.placement.kept import Kept, KeptReplicas
 from status_updater.usage import pod_usage
 from topology.catalog import model_for_product
 from topology.errors import TopologyError
-from topology.model import AllocatedBy, DeviceStatus, Gpu, MigDevice, NodeTopology, Replica
+from topology.model import (
+    AllocatedBy,
+    DeviceStatus,
+    DraClaim,
+    Gpu,
+    MigDevice,
+    NodeTopology,
+    Replica,
+)
 
 Device = tuple[int, int | None]  # (GPU index, MIG device index on it, or None: the whole GPU)
 
@@ -107,6 +115,42 @@ class Board:
 
     def status(self, g: int, d: int | None) -> DeviceStatus | None:
         return self.gpus[g].status if d is None else (self.migs[g] or [])[d].status
+
+    def claim_on(self, g: int, d: int | None) -> DraClaim | None:
+        """The DRA claim that holds device (g, d), if one does (None too for a device the node
+        no longer has: a kept index past a GPU's instances)."""
+        devices = self.migs[g] if g < len(self.migs) else None
+        if d is not None and (devices is None or d >= len(devices)):
+            return None
+        status = self.status(g, d) if g < len(self.gpus) else None
+        return status.dra_claims[0] if status is not None and status.dra_claims else None
+
+    def devices_of(self, uid: str) -> list[Device]:
+        """The devices the pod holds now (a scan of the node: for a message, not a pass)."""
+        found: list[Device] = []
+        for g, gpu in enumerate(self.gpus):
+            if gpu.status is not None and uid in gpu.status.pod_gpu_usage_status:
+                found.append((g, None))
+            for d, dev in enumerate(self.migs[g] or ()):
+                if dev.status is not None and uid in dev.status.pod_gpu_usage_status:
+                    found.append((g, d))
+        return found
+
+    def where(self, g: int, d: int | None) -> str:
+        """`GPU 0`, or a MIG device's `GPU 0 GI 9`, for a message."""
+        devices = self.migs[g]
+        return (
+            f"GPU {g}"
+            if d is None or devices is None
+            else f"GPU {g} GI {devices[d].gpu_instance_id}"
+        )
+
+    def claimed(self, devices: list[Device]) -> str:
+        """What DRA claims hold of `devices`, for a pod's message that it does not fit:
+        ` (GPU 0: DRA claim ns/c)`, or nothing."""
+        found = [f"{self.where(g, d)}: DRA claim {c.claim_namespace}/{c.claim}"
+                 for g, d in devices if (c := self.claim_on(g, d)) is not None]  # fmt: skip
+        return f" ({'; '.join(found)})" if found else ""
 
     def fb_total(self, g: int, d: int | None) -> int:
         """Device (g, d)'s memory in MiB as DCGM totals it (d None: the whole GPU; a GPU the

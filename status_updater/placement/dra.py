@@ -8,8 +8,12 @@ device is the instance at its placement. Under DynamicMIG the device is a partit
 creates its instance when the claim is prepared (turning MIG on where it toggles), so it is
 added here, with the GI id the catalog's rule gives that placement and a `MIG-` id stable for
 node, GPU and GI (and it goes with the claim). A device that is not on the node, a partition
-where the driver has no DynamicMIG (it publishes none), or a partition over an instance that
-exists, is the pod's error: it holds nothing.
+where the driver has no DynamicMIG (it publishes none), a partition over an instance that
+exists, or a device another claim holds (the scheduler gives a device to one claim: the pod
+placed first keeps it), is the pod's error: it holds nothing.
+
+DRA pods place before every other pod (`place_pods`): what the scheduler allocated is the
+device's holder, and the device plugin's and run:ai's pods take what is left.
 """
 
 from __future__ import annotations
@@ -104,6 +108,15 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
         field = f"claims[{h['claim-namespace']}/{h['claim']}]"
         holder = AllocatedBy(namespace, pod_name, h["container"])
         target = _target(board, h["device"], made, whole, obj, field)
+        g, d = target
+        other = None if isinstance(d, MigDevice) else board.claim_on(g, d)
+        if other is not None and (other.claim_namespace, other.claim) != (
+            h["claim-namespace"],
+            h["claim"],
+        ):  # one device, one claim: the first placed (it held it before, or is older) keeps it
+            raise TopologyError(obj, field, f"device {h['device']} is held by DRA claim "
+                                f"{other.claim_namespace}/{other.claim} (pod "
+                                f"{other.holder.namespace}/{other.holder.pod}): not placed")  # fmt: skip
         claim = DraClaim(holder, h["claim"], h["claim-namespace"], h["device"], h["pool"],
                          isinstance(target[1], MigDevice))  # fmt: skip
         found.append((target, claim))

@@ -1,7 +1,9 @@
 """Policy: device-plugin requests (static MIG, whole GPUs). Each container gets the devices its
 resources ask for, in the kubelet's order and with its reuse of the regular init containers'
 devices (`kubelet.allocate`), the lowest GPU index and GI id first, as the device plugin hands
-them out. A pod that does not fit gets nothing, as the kubelet admits a pod whole or not at all."""
+them out, of those free (a device a DRA claim holds is not: DRA pods place first). A pod that does
+not fit gets nothing, as the kubelet admits a pod whole or not at all, and its warning names the
+claims holding what it could have had."""
 
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
         raise TopologyError(
             obj,
             f"{whole[0].field}.resources.limits[{GPU_RESOURCE}]",
-            f"asks for {wanted} GPUs, node {board.name} has {len(free_gpus)} free",
+            f"asks for {wanted} GPUs, node {board.name} has {len(free_gpus)} free"
+            + board.claimed([(g, None) for g, m in enumerate(board.migs) if m is None]),
         )
 
     def take(ask: Ask, count: int, have: Collection[Device], rank: Rank[Device]) -> list[Device]:
@@ -83,8 +86,11 @@ def _mig_picks(
         raise TopologyError(
             obj,
             f"{ask.field}.resources.limits[{ask.resource}]",
-            f"asks for {count} {profile or 'MIG device'}, node {board.name} has {len(free)} free",
-        )
+            f"asks for {count} {profile or 'MIG device'}, node {board.name} has {len(free)} free"
+            + board.claimed([(g, d) for g, devices in enumerate(board.migs)
+                             for d, dev in enumerate(devices or ())
+                             if profile is None or dev.name == profile]),
+        )  # fmt: skip
     # What the container held before first, so nothing moves while it lives.
     chosen = sorted(free, key=lambda f: (rank((f[1], f[2])), f[1], f[0]))[:count]
     return [(g, d) for _, g, d in chosen]

@@ -48,6 +48,11 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
     key = (want.gpu_index, want.position)
     if key in board.holders:
         raise TopologyError(obj, FIELD, f"device already held by {board.holders[key]}")
+    claim = board.claim_on(want.gpu_index, found[0])
+    if claim is not None:  # DRA pods place first: the scheduler's allocation is the device's
+        raise TopologyError(obj, FIELD, f"device {board.where(want.gpu_index, found[0])} is held "
+                            f"by DRA claim {claim.claim_namespace}/{claim.claim} "
+                            f"({claim.device}): not placed")  # fmt: skip
     dev = devices[found[0]]
     if dev.name != want.profile:
         warnings.append(

@@ -67,7 +67,8 @@ def _container_picks(
 
     resource = base_resource(ask.resource)
     profile = mig_profile(resource)
-    devices = _shared_devices(board, profile)
+    offered = _shared_devices(board, profile)
+    devices = [dev for dev in offered if board.claim_on(*dev) is None]  # a DRA claim's: not shared
     known = set(devices)
     mine = sorted((p for g, d, r, _ in board.kept_replicas.get(uid, ())
                    if rank(p := (g, d, r)) < NOT_KEPT and (g, d) in known and free(g, d, r)),
@@ -96,7 +97,10 @@ def _container_picks(
             field = f"{ask.field}.resources.limits[{resource}]"
             what = f"{count} {profile or 'GPU'} replicas"
             raise TopologyError(
-                obj, field, f"asks for {what}, node {board.name} has {free_count} free"
+                obj,
+                field,
+                f"asks for {what}, node {board.name} has {free_count} free"
+                + board.claimed(offered),
             )
         *_, dev = heapq.heappop(ranked)
         chosen.append((*dev, open_replicas[dev].popleft()))

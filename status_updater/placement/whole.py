@@ -29,7 +29,8 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
         raise TopologyError(
             obj,
             "spec.containers[].resources.limits[nvidia.com/gpu]",
-            f"asks for {count} GPUs, node {board.name} has {len(free)} free",
+            f"asks for {count} GPUs, node {board.name} has {len(free)} free"
+            + board.claimed([(g, None) for g, m in enumerate(board.migs) if m is None]),
         )
 
     def take(_ask: Ask, n: int, have: Collection[Device], rank: Rank[Device]) -> list[Device]:
