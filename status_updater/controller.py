@@ -149,14 +149,16 @@ class Controller:
         self.events.put((what, kind, self._slims[what](obj)))
         self.dirty.set()
 
-    def _claims_error(self, message: str) -> None:
+    def _claims_error(self, message: str, status: int | None = None) -> None:
         """The ResourceClaims' informer failed. Until they are first listed, an API that does not
         serve them (404: a cluster before DRA) or lets the updater not read them (403) has none
         to wait for: the ConfigMaps are written without claims, said once for as long as that
         lasts (again when it changes, or comes back after another failure). Once listed, a
         failing watch pauses the writes as the pods' does (a cache missing claims would take
-        their devices away)."""
-        status = self._claims_call.status if self._claims_call is not None else None
+        their devices away). `status`: the failure's HTTP status, else the one the claims' list
+        call kept (`Statused`)."""
+        if status is None and self._claims_call is not None:
+            status = self._claims_call.status
         if "claims" in self._ever_listed or status not in UNSERVED:
             self._claims_unserved = None
             self._informer_error("claims", message)

@@ -644,3 +644,18 @@ def test_claims_that_cannot_be_read_are_said_once_per_change_and_never_hold_the_
     assert len(lines) == said, lines
     assert all("no DRA claims are followed until they can be read" in line for line in lines)
     assert controller.following() == writes
+
+
+def test_the_claims_failure_may_be_handed_its_status(caplog: pytest.LogCaptureFixture) -> None:
+    """The informer's callback taking the status itself (as kube.api could hand it over): the
+    same once-per-condition rule, whatever the message says."""
+    controller = Controller(None, Recorder(), dra=DraOptions("type=kwok"))  # type: ignore[arg-type]
+    caplog.set_level(logging.WARNING, logger=controller_module.log.name)
+    for status in (403, 403, 404, 404, 500, 404):
+        controller._claims_error("claims: failed", status)
+    lines = [r.getMessage() for r in caplog.records if r.name == controller_module.log.name]
+    assert [line.split(": ResourceClaims ")[1][:10] for line in lines] == [
+        "may not be",
+        "are not se",
+        "are not se",
+    ]
