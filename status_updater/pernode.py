@@ -16,6 +16,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -42,6 +43,7 @@ from topology.model import NodeTopology, dump_yaml
 log = logging.getLogger(__name__)
 CONFIGMAP_LIMIT = 1024 * 1024  # bytes of data a ConfigMap may hold
 ATTEMPTS = 5
+PASS_S = 0.5  # a pass's writing time, as the ResourceSlices' (slicewriter.PASS_S)
 
 
 def digest(text: object) -> str:
@@ -100,6 +102,12 @@ class PerNodeWriter:
         self._relisted = False
         self._wrote: list[str] = []
         self._deleted: list[str] = []
+        # A pass writes for at most `pass_s` (at least one node), then lets the controller look
+        # at the Lease again: a leader busy with thousands of writes (at the API's pace, minutes)
+        # never writes on after it stopped leading. What it had no time for waits here.
+        self.pass_s = PASS_S
+        self._todo: set[str] = set()  # nodes a pass had no time left for
+        self._orphans: set[str] = set()  # ConfigMaps of no node, to delete
 
     # --- what is written, from the watch ------------------------------------------------------
 
@@ -144,7 +152,7 @@ class PerNodeWriter:
         return self._listed
 
     def has_work(self) -> bool:
-        return bool(self._check or self._relisted)
+        return bool(self._check or self._relisted or self._todo or self._orphans)
 
     def leading(self, leading: bool) -> None:
         pass  # the watch keeps `actual` true whoever writes
@@ -175,14 +183,22 @@ class PerNodeWriter:
             self._nodes = {contract.node_configmap_name(n): n for n in state.results}
         else:
             nodes = set(changed) | {self._nodes[c] for c in self._check if c in self._nodes}
-        orphans = (set(self.actual) if full else self._check) - set(self._nodes)
+        self._orphans |= (set(self.actual) if full else self._check) - set(self._nodes)
         self._check = set()
+        self._todo |= nodes
+        deadline = time.monotonic() + self.pass_s
         try:
-            for node in sorted(nodes):
+            for node in sorted(self._todo):
+                self._todo.discard(node)
                 self._sync_node(state, node)
-            for name in sorted(orphans):
+                if time.monotonic() > deadline:
+                    return  # the rest at the next pass, after the Lease is looked at
+            for name in sorted(self._orphans):
+                self._orphans.discard(name)
                 if name not in self._nodes and name in self.actual:
                     self._delete(name)
+                if time.monotonic() > deadline:
+                    return
         finally:
             self._report()
 

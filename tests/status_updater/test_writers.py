@@ -495,3 +495,39 @@ def test_after_release_the_elector_never_takes_the_lease_again() -> None:
         assert not loop.is_alive(), "the elector kept running after release"
         assert api.lease is not None and api.lease.spec is not None
         assert api.lease.spec.holder_identity is None and not me.is_leader()
+
+
+class SlowCore(FakeCore):
+    """An API that takes `delay` seconds to answer each write: a busy one, or a paced client."""
+
+    delay: float = 0.02
+
+    def create_namespaced_config_map(self, namespace: str, body: Any, **kw: Any) -> Any:
+        threading.Event().wait(self.delay)
+        return super().create_namespaced_config_map(namespace, body, **kw)
+
+
+@pytest.mark.parametrize("nodes", [1, 7, 40])
+def test_a_pass_of_many_writes_ends_in_time_and_the_rest_follows(nodes: int) -> None:
+    """A leader with thousands of ConfigMaps to write (at the API's pace, minutes) writes for at
+    most a pass's time (at least one node), so that the controller looks at the Lease between
+    passes: a busy leader never writes on after it stopped leading. Every node is written in
+    the end, each once."""
+    core = SlowCore()
+    writer = per_node(core)
+    writer.pass_s = 0.05
+    names = [f"n{i:02d}" for i in range(nodes)]
+    state = ClusterState.of([whole_gpu_node(n, count=1) for n in names], [])
+    passes = 0
+    writer.sync(state, set(), full=True)
+    assert 1 <= len(core.writes()) <= 0.05 / core.delay + 1
+    while writer.has_work():
+        passes += 1
+        assert passes < 100
+        before = len(core.writes())
+        writer.sync(state, set(), full=False)
+        assert 1 <= len(core.writes()) - before <= 0.05 / core.delay + 1
+    assert sorted(name for verb, name, _ in core.calls if verb == "create") == [
+        contract.node_configmap_name(n) for n in names
+    ]
+    assert passes == 0 if nodes == 1 else passes >= 1
