@@ -108,10 +108,11 @@ class Controller:
         self._slims: dict[str, Callable[[Obj], Any]] = {
             "nodes": node_slimmer(dra), "pods": slim_pod, "claims": read_claim}  # fmt: skip
         self._ever_listed: set[str] = set()  # informers that listed once (informer threads)
-        # The claims' informer: its list call, and the status it last said the claims are
-        # unserved with (None: not unserved now); its thread alone reads and writes them.
+        # The claims' informer: its list call, and what it last said of a 403 or 404 (whether
+        # the claims were listed before, and the status; None: not failing so now); its thread
+        # alone reads and writes them.
         self._claims_call: Statused | None = None
-        self._claims_unserved: int | None = None
+        self._claims_said: tuple[bool, int] | None = None
         self.layouts_ref = mig_parted_config  # namespace/name of the GPU operator's ConfigMap
         self._layouts_seen: str | None = None  # what was last said about it
         self.state = ClusterState()
@@ -131,7 +132,7 @@ class Controller:
     def _reset(self, what: str, items: list[Obj]) -> None:
         self._ever_listed.add(what)
         if what == "claims":
-            self._claims_unserved = None
+            self._claims_said = None
         self.events.put((what, "RESET", items))  # slimmed page by page as they were listed
         self.dirty.set()
 
@@ -152,25 +153,27 @@ class Controller:
     def _claims_error(self, message: str, status: int | None = None) -> None:
         """The ResourceClaims' informer failed. Until they are first listed, an API that does not
         serve them (404: a cluster before DRA) or lets the updater not read them (403) has none
-        to wait for: the ConfigMaps are written without claims, said once for as long as that
-        lasts (again when it changes, or comes back after another failure). Once listed, a
-        failing watch pauses the writes as the pods' does (a cache missing claims would take
-        their devices away). `status`: the failure's HTTP status, else the one the claims' list
-        call kept (`Statused`)."""
+        to wait for: the ConfigMaps are written without claims. Once listed, a failing watch
+        pauses the writes as the pods' does (a cache missing claims would take their devices
+        away). Either, for a 403 or 404, is said once for as long as it lasts: again when the
+        answer changes, or comes back after a list or another failure. `status`: the failure's
+        HTTP status, else the one the claims' list call kept (`Statused`)."""
         if status is None and self._claims_call is not None:
             status = self._claims_call.status
-        if "claims" in self._ever_listed or status not in UNSERVED:
-            self._claims_unserved = None
+        listed = "claims" in self._ever_listed
+        if listed or status not in UNSERVED:
             self._informer_error("claims", message)
+        said = self._claims_said
+        self._claims_said = None if status is None or status not in UNSERVED else (listed, status)
+        if self._claims_said is None or self._claims_said == said:
             return
-        if status == self._claims_unserved:
+        why = UNSERVED[self._claims_said[1]]
+        if listed:
+            log.warning("%s: ResourceClaims %s: the writes wait until they are listed again",
+                        message, why)  # fmt: skip
             return
-        self._claims_unserved = status
-        log.warning(
-            "%s: ResourceClaims %s: no DRA claims are followed until they can be read",
-            message,
-            UNSERVED[status],
-        )
+        log.warning("%s: ResourceClaims %s: no DRA claims are followed until they can be read",
+                    message, why)  # fmt: skip
         self.events.put(("claims", "RESET", []))  # none to wait for (after a failure, again)
         self.dirty.set()
 

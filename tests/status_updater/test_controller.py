@@ -596,17 +596,19 @@ class _EndedStream:
         pass
 
 
-# (the claims' answers, the updater's warnings of claims it cannot read, whether it writes after)
+# (the claims' answers, what the updater says of them in turn: N for "no DRA claims are
+# followed", W for "the writes wait", each with its status; whether it writes after)
 CLAIMS_UNREADABLE = [
-    ([403] * 6, 1, True),  # forbidden, retried: said once, written without claims
-    ([404] * 6, 1, True),  # not served (before 1.34): the same
-    ([403, 403, 404, 404, 403], 3, True),  # said again each time it changes
-    ([403, 500, 403, 403], 2, True),  # another failure between: said again, writes again
-    ([404, "down", "down", 404], 2, True),
-    ([500, 500], 0, False),  # a passing failure before the first list: the writes wait
-    ([502, 502], 0, False),  # whatever its text says
-    (["list", 403, 403], 0, False),  # listed once: a failing watch pauses the writes
-    ([403, "list", 404, 404], 1, False),  # readable, then not: claims held are never dropped
+    ([403] * 6, ["N403"], True),  # forbidden, retried: said once, written without claims
+    ([404] * 6, ["N404"], True),  # not served (before 1.34): the same
+    ([403, 403, 404, 404, 403], ["N403", "N404", "N403"], True),  # again each time it changes
+    ([403, 500, 403, 403], ["N403", "N403"], True),  # another failure between: said, written
+    ([404, "down", "down", 404], ["N404", "N404"], True),
+    ([500, 500], [], False),  # a passing failure before the first list: the writes wait
+    ([502, 502], [], False),  # whatever its text says
+    (["list", 403, 403], ["W403"], False),  # listed once: a failing watch pauses the writes
+    ([403, "list", 404, 404], ["N403", "W404"], False),  # claims held are never dropped
+    ([404, "list", 404, 500, 404, 404], ["N404", "W404", "W404"], False),
 ]
 
 
@@ -614,7 +616,7 @@ CLAIMS_UNREADABLE = [
 @pytest.mark.parametrize(("script", "said", "writes"), CLAIMS_UNREADABLE)
 def test_claims_that_cannot_be_read_are_said_once_per_change_and_never_hold_the_writes(
     script: list[int | str],
-    said: int,
+    said: list[str],
     writes: bool,
     drain: bool,
     monkeypatch: pytest.MonkeyPatch,
@@ -641,8 +643,11 @@ def test_claims_that_cannot_be_read_are_said_once_per_change_and_never_hold_the_
     claims.run()  # in this thread, until the script is done
     controller.drain()
     lines = [r.getMessage() for r in caplog.records if r.name == controller_module.log.name]
-    assert len(lines) == said, lines
-    assert all("no DRA claims are followed until they can be read" in line for line in lines)
+    kinds = {"N": "no DRA claims are followed until they can be read",
+             "W": "the writes wait until they are listed again"}  # fmt: skip
+    assert len(lines) == len(said), lines
+    for line, what in zip(lines, said, strict=True):
+        assert line.startswith(f"claims: HTTP {what[1:]} ") and line.endswith(kinds[what[0]])
     assert controller.following() == writes
 
 
