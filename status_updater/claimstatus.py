@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
@@ -34,6 +35,7 @@ from topology import dra
 from topology.model import DeviceStatus, NodeTopology
 
 log = logging.getLogger(__name__)
+PASS_S = 0.5  # a pass's writing time, as the ConfigMaps' and the ResourceSlices'
 Said = frozenset[tuple[str, str, str]]  # (pool, device, uuid)
 
 
@@ -84,6 +86,10 @@ class ClaimStatusWriter:
         self._by_node: dict[str, dict[ClaimKey, set[tuple[str, str, str]]]] = {}
         self._said: dict[ClaimKey, str] = {}  # the problem last said about a claim
         self._wrote: list[str] = []
+        # A pass writes for at most `pass_s` (at least one claim), as the other writers: the
+        # controller looks at the Lease between passes. Whether the last pass left claims.
+        self.pass_s = PASS_S
+        self.left = False
 
     def sync(self, state: ClusterState, changed: Iterable[str], full: bool) -> None:
         if full:
@@ -99,6 +105,8 @@ class ClaimStatusWriter:
             for key, devices in found.items():
                 gathered.setdefault(key, set()).update(devices)
         wanted = {key: frozenset(devices) for key, devices in gathered.items()}
+        deadline = time.monotonic() + self.pass_s
+        self.left = False
         try:
             for key in sorted(set(wanted) | set(state.claims_status)):
                 want = wanted.get(key, frozenset())
@@ -107,6 +115,9 @@ class ClaimStatusWriter:
                     continue
                 if self._written.get(key) == want:
                     continue  # written: the watch has not shown it yet
+                if time.monotonic() > deadline:
+                    self.left = True  # the rest at the next pass, after the Lease is looked at
+                    return
                 self._write(key, want)
         finally:
             if self._wrote:

@@ -581,7 +581,8 @@ class WithSlices:
         return self.writer.ready()
 
     def has_work(self) -> bool:
-        return self.writer.has_work() or self.slices.has_work()
+        claims_left = self.claims is not None and self.claims.left
+        return self.writer.has_work() or self.slices.has_work() or claims_left
 
     def sync(self, state: ClusterState, changed: set[str], full: bool) -> None:
         self.writer.sync(state, changed, full)
