@@ -16,6 +16,7 @@ import gc
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from exporter import dcgm
 from exporter.health import Health
@@ -23,6 +24,10 @@ from web.server import Published, Snapshot
 
 WATCHDOG_S = 1.0  # how often a sleeping render loop checks that its sources still run
 SETTLE_S = 60.0  # the collector runs again after this long, even with nothing ready to serve
+# How long past its next due time a loop may take to publish before `/health` calls it stuck:
+# far beyond any busy step (a slice of nodes, an NVML collection of many GPUs), so that a busy
+# loop is never called stuck, and a hung one is within a minute.
+STUCK_S = 60.0
 
 
 class RenderLoop:
@@ -39,6 +44,7 @@ class RenderLoop:
         # Looked up on each call, so a patched time.time (freezegun) is the one used.
         self.clock = clock or (lambda: time.time())
         self.wake = threading.Event()
+        self.stuck_s = STUCK_S
 
     def snapshot(self) -> Snapshot:
         raise NotImplementedError
@@ -56,7 +62,9 @@ class RenderLoop:
             self.wake.clear()
             self.tick()
             snapshot = self.snapshot()
-            self.published.publish(snapshot)
+            # Due again in `due_in` (or sooner, woken): stuck if nothing comes long after that.
+            stale_after = time.monotonic() + max(0.0, self.due_in()) + self.stuck_s
+            self.published.publish(replace(snapshot, stale_after=stale_after))
             if not settled and (snapshot.ready or time.monotonic() - started > SETTLE_S):
                 settle()
                 settled = True

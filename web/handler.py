@@ -273,7 +273,8 @@ def _node_metrics(h: Handler, snap: Snapshot, match: re.Match[str], body: bool) 
 
 
 def _health(h: Handler, snap: Snapshot, _: re.Match[str], body: bool) -> None:
-    h.send_text(200 if snap.healthy else 503, "ok" if snap.healthy else snap.reason, body)
+    healthy, reason = snap.health()
+    h.send_text(200 if healthy else 503, "ok" if healthy else reason, body)
 
 
 def _node_health(h: Handler, snap: Snapshot, match: re.Match[str], body: bool) -> None:
@@ -281,8 +282,9 @@ def _node_health(h: Handler, snap: Snapshot, match: re.Match[str], body: bool) -
     if snap.ready and node not in snap.pages:
         h.not_served(snap, node, body)
     else:  # a node's series are as good as the whole's: stale when it is
-        ok = snap.healthy and snap.ready
-        h.send_text(200 if ok else 503, "ok" if ok else snap.reason, body)
+        healthy, reason = snap.health()
+        ok = healthy and snap.ready
+        h.send_text(200 if ok else 503, "ok" if ok else reason, body)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ pages are written from the snapshot's values when asked (`Page`).
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -44,6 +46,20 @@ class Snapshot:
     # False while the first list of the nodes is read: a node not in `pages` may still come
     # (503), rather than not be served here (404).
     complete: bool = True
+    # When (time.monotonic) the daemon should have published again at the latest: past it, the
+    # loop that publishes is stuck (an NVML call that never returns, a bug), and `/health`
+    # says so rather than answer for the old state. Never, by default.
+    stale_after: float = math.inf
+
+    def health(self) -> tuple[bool, str]:
+        """(healthy, the reason `/health` gives), stuck or not."""
+        late = time.monotonic() - self.stale_after
+        if late > 0:
+            return False, (
+                f"nothing published for {late:.0f} s past its time: the loop that publishes is "
+                f"stuck; serving what it last published ({self.reason})"
+            )
+        return self.healthy, self.reason
 
     @cached_property
     def body_parts(self) -> tuple[bytes, ...]:
