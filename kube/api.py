@@ -142,12 +142,18 @@ def list_watch(
     resourceVersion, until `stop`.
 
     410 Gone lists again; errors back off with jitter; a stream silent for longer than the server
-    was asked to keep it open is cut by the read timeout and started again.
+    was asked to keep it open is cut by the read timeout and started again. A failure is logged
+    when it is news (a new one, or the first after a list), not at every retry; `on_error` hears
+    every one.
     """
     backoff = Backoff()
+    said: list[object] = []  # what the failure last logged was (`failure_kind`), until a list
     while not stop.is_set():
         try:
             items, version = list_all(list_call, selectors, transform)
+            if said:
+                log.info("%s: listed again", what)
+                said.clear()
             on_reset(items)
             backoff.reset()
             while not stop.is_set():
@@ -160,16 +166,26 @@ def list_watch(
             if e.status == 410:
                 log.info("%s: watch expired (410 Gone), listing again", what)
                 continue
-            _report(what, e, on_error)
+            _report(what, e, on_error, said)
             backoff.wait(stop)
         except Exception as e:  # a watch thread must outlive any one bad response
-            _report(what, e, on_error)
+            _report(what, e, on_error, said)
             backoff.wait(stop)
 
 
-def _report(what: str, e: BaseException, on_error: Callable[[str], None] | None) -> None:
+def failure_kind(e: BaseException) -> object:
+    """What a failure is, as data: the API's HTTP status, else the exception's type (a message
+    may differ at every try: an address, a time)."""
+    return e.status if isinstance(e, ApiException) else type(e)
+
+
+def _report(
+    what: str, e: BaseException, on_error: Callable[[str], None] | None, said: list[object]
+) -> None:
     message = f"{what}: {describe(e)}"
-    log.warning("%s; retrying", message)
+    if said != [failure_kind(e)]:
+        log.warning("%s; retrying", message)
+        said[:] = [failure_kind(e)]
     if on_error is not None:
         on_error(message)
 

@@ -17,7 +17,7 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from kube.api import TRANSIENT, describe, usable_version
+from kube.api import TRANSIENT, describe, failure_kind, usable_version
 from kube.times import parse_time
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class LeaderElector:
         self._released = False
         # The failing tries' last reason, since when, and whether the API refused the Lease.
         self._failing: tuple[str, float, bool] | None = None
+        self._kind: object = None  # what the failing tries' failure is (kube.api.failure_kind)
 
     def is_leader(self) -> bool:
         # A leader whose round of tries did not renew by its deadline must assume another
@@ -194,17 +195,18 @@ class LeaderElector:
                 self._failed(e)
                 self.is_leader()  # drops leadership once the round's deadline has passed
             else:
-                self._failing = None
+                self._failing, self._kind = None, None
             stop.wait(self.timing.retry_period_s)
 
     def _failed(self, e: Exception) -> None:
         """A try failed: said when the reason changes, not at every retry."""
         reason = f"lease {self.namespace}/{self.name}: {describe(e)}"
-        status = getattr(e, "status", None)
+        kind = failure_kind(e)  # the same failure, whatever its message says this time
         since = self._failing[1] if self._failing is not None else time.monotonic()
-        if self._failing is None or self._failing[0] != reason:
+        if self._kind != kind:
             log.warning("%s", reason)
-        self._failing = (reason, since, status in REFUSED)
+        self._kind = kind
+        self._failing = (reason, since, kind in REFUSED)
 
     def trouble(self) -> str | None:
         """Why this replica cannot take part in the election, for `/health`: the API refuses the
