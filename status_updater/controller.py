@@ -344,8 +344,13 @@ class Controller:
     def run_writer(self, stop: threading.Event) -> None:
         backoff = Backoff()
         last_full = time.monotonic()
+        more = False  # the last pass ran out of time: the next starts at once
         while not stop.is_set():
-            if self.dirty.wait(1.0):
+            if more:  # a moment for the informers, never a spin should the work not shrink
+                more = False
+                if self.dirty.wait(0.02):
+                    self.dirty.clear()
+            elif self.dirty.wait(1.0):
                 stop.wait(COALESCE_S)  # let a burst of events pile up: one write per node
                 self.dirty.clear()
             if stop.is_set():
@@ -395,3 +400,4 @@ class Controller:
             self._pending.clear()
             self._full = False
             backoff.reset()
+            more = self.writer.has_work()
