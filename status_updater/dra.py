@@ -9,17 +9,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.process import env_switch
-from kube import selectors
+from kube import names, selectors
 from status_updater.objects import Obj, metadata, slim_node, strings
 
 SPLIT, COMBINED = "split", "combined"  # the driver's layouts from Kubernetes 1.35, and on 1.34
 
 
 def _selector(text: str) -> str:
-    try:
-        selectors.parse(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{e} (flag or DRA_NODE_SELECTOR)") from None
+    """A label selector, checked as the API checks one (its syntax, its keys' and values'
+    lengths)."""
+    if (why := names.label_selector(text)) is not None:
+        raise argparse.ArgumentTypeError(f"{why} (flag or DRA_NODE_SELECTOR)")
     return text
 
 
