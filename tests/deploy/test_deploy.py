@@ -1063,3 +1063,21 @@ def test_dra_install() -> None:
     for account in (EXPORTER, ALL_NODES):
         rules = [r for found in bound_rules(rendered, account) for r in found]
         assert all("resource.k8s.io" not in r["apiGroups"] for r in rules)
+
+
+@pytest.mark.parametrize("install", INSTALLS)
+def test_no_daemon_is_told_to_listen_on_ipv4_only(install: str) -> None:
+    """An IPv6-only cluster's pods have no IPv4 address: every daemon listens on its default,
+    every address (dual-stack where the pod has IPv6), never pinned to 0.0.0.0."""
+    listened = 0
+    for obj in render(install):
+        spec = obj.get("spec", {}).get("template", {}).get("spec")
+        for c in containers(spec) if spec else []:
+            args = [str(a) for a in c.get("args", [])]
+            if args[:1] in (["exporter"], ["status_updater"]):
+                listened += 1
+            for flag in ("--address", "--metrics-address"):
+                assert flag not in args, (obj["metadata"]["name"], args)
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            assert "METRICS_ADDRESS" not in env, obj["metadata"]["name"]
+    assert listened >= 1
