@@ -158,7 +158,9 @@ def test_a_node_s_page_and_health_over_http_with_and_without_gzip() -> None:
                                                    many.published.snapshot.own))  # fmt: skip
         assert fetch(port, f"/health/nodes/{mine}")[:3:2] == (200, b"ok\n")
         status, headers, one = fetch(port, f"/metrics/nodes/{mine}", **{"Accept-Encoding": "gzip"})
-        assert gzip.decompress(one) == page and len(one) < len(page) / 5  # one stream, compressed once
+        assert (
+            gzip.decompress(one) == page and len(one) < len(page) / 5
+        )  # one stream, compressed once
         for path in (f"/metrics/nodes/{other}", f"/health/nodes/{other}", "/metrics/nodes/x%0A"):
             status, _, body = fetch(port, path)
             assert status == 404 and body.endswith(b"is not served here\n"), (path, body)
