@@ -423,7 +423,7 @@ def serve(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None =
         signal.signal(sig, shutdown)
     sources: list[threading.Thread] = []
     if args.topology_file is not None:
-        sources = [file_source(args.topology_file, exporter, stop)]
+        sources = [file_source(args.topology_file, exporter.sink, stop)]
     elif args.source == "topology" or args.watch_topology:
         from kube.api import ConfigError, api_client
 
@@ -433,7 +433,7 @@ def serve(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None =
             print(f"error: {e}", file=sys.stderr)
             return EXIT_USAGE
         if many is None:
-            sources = node_watches(exporter, stop, client, args.layout, args.node_name)
+            sources = node_watches(exporter.sink, stop, client, args.layout, args.node_name)
         else:
             sources = nodes_watches(many, stop, client, args.layout, args.node_selector)
         if many is not None and (found := args.autoshard) is not None:

@@ -20,13 +20,13 @@ from common import selfmetrics
 from exporter import dcgm, nvml
 from exporter.health import Health
 from exporter.loop import RenderLoop
-from exporter.node import OneNodeSink
+from exporter.node import KEY, OneNode
 from topology.model import NodeTopology
 from web.server import Published, Snapshot
 
 log = logging.getLogger("exporter")
 DEFAULT_INTERVAL_MS = 30_000  # dcgm-exporter's default collect interval
-NVML = "nvml"  # the problem key of collections; the topology's is OneNodeSink.KEY
+NVML = "nvml"  # the problem key of collections; the topology's is node.KEY
 
 
 def _rfc3339(at: float) -> str:
@@ -35,11 +35,9 @@ def _rfc3339(at: float) -> str:
     )
 
 
-class NvmlExporter(OneNodeSink, RenderLoop):
-    """Collects every `interval_s` seconds and serves the last good collection."""
-
-    KEEPS = "pod labels from the last good topology"
-    STOPPED = OneNodeSink.KEY  # the only sources are the topology's
+class NvmlExporter(RenderLoop):
+    """Collects every `interval_s` seconds and serves the last good collection; a topology, when
+    given, reaches it through its `sink`."""
 
     def __init__(
         self,
@@ -50,7 +48,8 @@ class NvmlExporter(OneNodeSink, RenderLoop):
         node_name: str | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        super().__init__(published, Health(every=True), clock)
+        # The only sources are the topology's: one that ended is the topology's problem.
+        super().__init__(published, Health(every=True), clock, stopped_key=KEY)
         self.nv = nv
         self.options = options
         self.interval_s = interval_s
@@ -62,6 +61,9 @@ class NvmlExporter(OneNodeSink, RenderLoop):
         self._lost: tuple[str, ...] = ()
         self._node: NodeTopology | None = None  # the pods holding this node's GPUs, if given
         self._due = float("-inf")  # when the next collection is (time.monotonic)
+        self.sink = OneNode(self.node_name, self.health, self.wake, self.take,
+                            keeps="pod labels from the last good topology",
+                            good_again="the topology is good again")  # fmt: skip
 
     # --- NVML ------------------------------------------------------------------------------------
 
@@ -96,13 +98,10 @@ class NvmlExporter(OneNodeSink, RenderLoop):
             self._sample, self._collected_at = sample, self.clock()
         self.health.clear(NVML, "NVML is good again")
 
-    # --- the topology that names pods (OneNodeSink: fed by a file or a ConfigMap) ---------------
+    # --- the topology that names pods (its sink, OneNode: fed by a file or a ConfigMap) ---------
 
     def take(self, node: NodeTopology) -> None:
         self._node = node
-
-    def good_again(self) -> str:
-        return "the topology is good again"
 
     # --- out -------------------------------------------------------------------------------------
 

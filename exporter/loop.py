@@ -33,11 +33,12 @@ STUCK_S = 60.0
 class RenderLoop:
     """State and loop shared by the exporters; a subclass says how a snapshot is made."""
 
-    STOPPED = "sources"  # the problem key of a source thread that ended
-
     def __init__(
-        self, published: Published, health: Health, clock: Callable[[], float] | None
-    ) -> None:
+        self, published: Published, health: Health, clock: Callable[[], float] | None,
+        stopped_key: str = "sources",
+    ) -> None:  # fmt: skip
+        """`stopped_key`: the problem key a source thread that ended is reported under."""
+        self.stopped_key = stopped_key
         self.published = published
         self.health = health
         self.invalid = health.invalid
@@ -70,7 +71,7 @@ class RenderLoop:
                 settled = True
             gone = wait_for_work(self.wake, self.due_in(), sources, stop)
             if gone:
-                self.health.set(self.STOPPED, gone)
+                self.health.set(self.stopped_key, gone)
 
 
 def settle() -> None:

@@ -51,10 +51,6 @@ SHARDS_WATCH = "statefulset"  # reading the shard count failed (its last count i
 class ServedNodes(RenderLoop):
     """Nodes in (under `_lock`, from the sources' threads), snapshots out (the render loop)."""
 
-    # Whether the energy meter forgets a GPU that is no longer served. Many nodes come and go
-    # (KWOK): the meter must not keep them all. See Exporter for the one node's own.
-    FORGETS_GONE_GPUS = True
-
     def __init__(
         self,
         options: dcgm.Options,
@@ -63,9 +59,18 @@ class ServedNodes(RenderLoop):
         clock: Callable[[], float] | None,
         selected: set[str] | None,
         shard: Shard | None = None,
+        *,
+        forgets_gone_gpus: bool = True,
+        own_hostname: bool = False,
+        stopped_key: str = SOURCES,
     ) -> None:
-        """`selected`: the nodes to serve; None: every node. `shard`: of those, only its own."""
-        super().__init__(published, health, clock)
+        """`selected`: the nodes to serve; None: every node. `shard`: of those, only its own.
+        `forgets_gone_gpus`: whether the energy meter forgets a GPU no longer served (many nodes
+        come and go, KWOK: the meter must not keep them all). `own_hostname`: the series'
+        `Hostname` is the options' (the exporter's own), not each node's name."""
+        super().__init__(published, health, clock, stopped_key)
+        self.forgets_gone_gpus = forgets_gone_gpus
+        self.own_hostname = own_hostname
         self.options = options
         self.shard = shard
         self._sharding: str | None = None  # why no node is served yet (autosharding), if so
@@ -87,8 +92,9 @@ class ServedNodes(RenderLoop):
             self._dirty.add(name)
 
     def _options_for(self, name: str) -> dcgm.Options:
-        """The options a node's series are rendered with: its name is their `Hostname`."""
-        return replace(self.options, hostname=name)
+        """The options a node's series are rendered with: its name is their `Hostname`, unless
+        the exporter's own is."""
+        return self.options if self.own_hostname else replace(self.options, hostname=name)
 
     def _ready(self) -> bool:
         """Whether the body is true yet (under `_lock`): before, `/metrics` answers 503."""
@@ -160,7 +166,7 @@ class ServedNodes(RenderLoop):
         (self._moving.add if moving else self._moving.discard)(name)
 
     def _forget_gpus(self, hostname: str, gpu_ids: Iterable[str]) -> None:
-        if self.FORGETS_GONE_GPUS:
+        if self.forgets_gone_gpus:
             self.options.energy.drop(hostname, gpu_ids)
 
 
@@ -174,8 +180,6 @@ def _progress(done: int, total: int) -> str:
 
 
 class NodesExporter(ServedNodes):
-    STOPPED = SOURCES
-
     def __init__(
         self,
         options: dcgm.Options,
@@ -210,6 +214,11 @@ class NodesExporter(ServedNodes):
         self._events: dict[str, int] = {}
 
     # --- sources in (watch threads) --------------------------------------------------------------
+
+    @property
+    def sink(self) -> NodesExporter:
+        """What its sources feed: the exporter itself (a one-node exporter's is its `OneNode`)."""
+        return self
 
     def update(self, topology: Topology, obj: str) -> None:
         """A whole document (a file, or the single layout's ConfigMap): every node in it."""

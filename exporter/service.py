@@ -3,7 +3,7 @@
 It serves the node's last good entry, rendered as `ServedNodes` renders any node (again only on a
 change, or on a new step when its values move in time), with `Hostname` the exporter's own
 (`--hostname`), as dcgm-exporter's. A bad update never replaces the last good node: it only turns
-`/health` to 503 with the reason, one problem at a time (`OneNodeSink`).
+`/health` to 503 with the reason, one problem at a time (`OneNode`, its sink).
 """
 
 from __future__ import annotations
@@ -13,19 +13,13 @@ from collections.abc import Callable
 from exporter import dcgm
 from exporter.health import Health
 from exporter.many import ServedNodes
-from exporter.node import OneNodeSink
+from exporter.node import KEY, OneNode
 from topology.model import NodeTopology
 from web.server import Published
 
 
-class Exporter(OneNodeSink, ServedNodes):
-    """Feeds topology updates in, publishes rendered `/metrics` bytes out."""
-
-    # One problem at a time, the latest: a source that ended says so until the node is good.
-    STOPPED = OneNodeSink.KEY
-    # The node's GPUs are few and stay while the pod runs: one missing from an update for a
-    # while (a document short of it) counts on from where it was when it is back.
-    FORGETS_GONE_GPUS = False
+class Exporter(ServedNodes):
+    """Feeds topology updates in (`sink`), publishes rendered `/metrics` bytes out."""
 
     def __init__(
         self,
@@ -34,19 +28,21 @@ class Exporter(OneNodeSink, ServedNodes):
         published: Published,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        health = Health({self.KEY: "no topology yet"})
-        super().__init__(options, published, health, clock, {node_name})
+        health = Health({KEY: "no topology yet"})
+        # The node's GPUs are few and stay while the pod runs: one missing from an update for a
+        # while (a document short of it) counts on from where it was when it is back. Its
+        # `Hostname` is the exporter's own. One problem at a time, the latest: a source that
+        # ended says so until the node is good.
+        super().__init__(options, published, health, clock, {node_name},
+                         forgets_gone_gpus=False, own_hostname=True, stopped_key=KEY)  # fmt: skip
         self.node_name = node_name
+        self.sink = OneNode(node_name, health, self.wake, self.take,
+                            keeps="serving the last good topology",
+                            good_again=f"topology for node {node_name} is good")  # fmt: skip
 
     def take(self, node: NodeTopology) -> None:
         with self._lock:
             self._put(self.node_name, node)
-
-    def good_again(self) -> str:
-        return f"topology for node {self.node_name} is good"
-
-    def _options_for(self, name: str) -> dcgm.Options:
-        return self.options
 
     def _ready(self) -> bool:
         return bool(self._nodes)  # never served a node: nothing true to say yet

@@ -49,7 +49,7 @@ def util(exporter: Exporter) -> list[float]:
 def test_utilization_is_deterministic_in_time_and_within_range() -> None:
     with freeze_time("2026-11-22 10:00:00") as clock:
         exporter = Exporter("n", dcgm.Options("h"), Published())
-        exporter.update(whole_gpu(20, 90), "t")
+        exporter.sink.update(whole_gpu(20, 90), "t")
         first = util(exporter)
         assert 20 <= first[0] <= 90 and first[1] == 0  # the free GPU is idle
         clock.tick(dcgm.UTILIZATION_STEP_S - 1)
@@ -62,13 +62,13 @@ def test_utilization_is_deterministic_in_time_and_within_range() -> None:
             seen.add(value)
         assert len(seen) > 5  # it moves, step by step
         again = Exporter("n", dcgm.Options("h"), Published())
-        again.update(whole_gpu(20, 90), "t")
+        again.sink.update(whole_gpu(20, 90), "t")
         assert util(again) == util(exporter)  # same clock, same numbers: reproducible runs
 
 
 def test_fixed_utilization() -> None:
     exporter = Exporter("n", dcgm.Options("h"), Published())
-    exporter.update(whole_gpu(73, 73), "t")
+    exporter.sink.update(whole_gpu(73, 73), "t")
     assert util(exporter) == [73, 0]
 
 
@@ -77,7 +77,7 @@ def test_health_and_last_good_state(caplog: pytest.LogCaptureFixture) -> None:
     exporter = Exporter("qa-mig-worker-gpu-a100", dcgm.Options("h"), Published())
     snap = exporter.snapshot()
     assert (snap.healthy, snap.reason, snap.body) == (False, "no topology yet", b"")
-    exporter.update(MIG, "cm")
+    exporter.sink.update(MIG, "cm")
     good = exporter.snapshot()
     assert good.healthy and len(by_name(parse(good.body.decode()), "DCGM_FI_DEV_FB_USED")) == 3
     # An update whose node no GPU could have: the series stay, health tells why.
@@ -87,11 +87,11 @@ def test_health_and_last_good_state(caplog: pytest.LogCaptureFixture) -> None:
         "mixed",
         {"qa-mig-worker-gpu-a100": NodeTopology(1, 40960, node.gpu_product, True, (bad_gpu,))},
     )
-    exporter.update(bad, "cm")
+    exporter.sink.update(bad, "cm")
     snap = exporter.snapshot()
     assert not snap.healthy and "overlaps" in snap.reason and snap.body == good.body
     # The node leaves the topology (a re-applied seed, say): the last good series stay.
-    exporter.update(Topology("mixed", {}), "cm")
+    exporter.sink.update(Topology("mixed", {}), "cm")
     snap = exporter.snapshot()
     assert snap.body == good.body and not snap.healthy
     assert snap.reason == (
@@ -100,13 +100,13 @@ def test_health_and_last_good_state(caplog: pytest.LogCaptureFixture) -> None:
     )
     # Among many others: the first ten, by name, and how many more.
     others = {f"n{i:02}": node for i in range(12)}
-    exporter.update(Topology("mixed", others), "cm")
+    exporter.sink.update(Topology("mixed", others), "cm")
     assert exporter.snapshot().reason == (
         "cm: nodes.qa-mig-worker-gpu-a100: is not in the topology (nodes: "
         + ", ".join(f"n{i:02}" for i in range(10))
         + " and 2 more); serving the last good topology"
     )
-    exporter.update(MIG, "cm")
+    exporter.sink.update(MIG, "cm")
     assert exporter.snapshot().healthy
     # Each change of health is said once, in one line; good again at info level.
     assert [(r.levelname, r.getMessage()) for r in caplog.records][-1] == (

@@ -156,7 +156,7 @@ def test_a_list_s_bad_item_fixed_makes_health_good_again(
         else Exporter("n1", OPTIONS, Published())
     )  # fmt: skip
     stop = threading.Event()
-    thread = sources.file_source(path, exporter, stop)
+    thread = sources.file_source(path, exporter.sink, stop)
     thread.start()
     try:
         assert exporter.snapshot().healthy

@@ -577,10 +577,10 @@ def test_the_collector_takes_pod_names_from_the_topology_and_keeps_the_last_good
                 if s.label("UUID") == l4}  # fmt: skip
 
     assert pods() == {""}
-    exporter.update(topology_doc("n1", l4, "a"), "ConfigMap ns/topology-n1")
+    exporter.sink.update(topology_doc("n1", l4, "a"), "ConfigMap ns/topology-n1")
     assert pods() == {"a"} and exporter.snapshot().healthy
     # Another node's document: this node is missing from it. The last good names stay.
-    exporter.update(topology_doc("n2", l4, "b"), "ConfigMap ns/topology-n1")
+    exporter.sink.update(topology_doc("n2", l4, "b"), "ConfigMap ns/topology-n1")
     snapshot = exporter.snapshot()
     assert pods() == {"a"} and not snapshot.healthy
     assert snapshot.reason.endswith("; pod labels from the last good topology")
@@ -591,18 +591,18 @@ def test_the_collector_takes_pod_names_from_the_topology_and_keeps_the_last_good
         "    gpus: [{id: ''}]\n",
         "doc",
     )
-    exporter.update(bad, "ConfigMap ns/topology-n1")
-    exporter.update(bad, "ConfigMap ns/topology-n1")
+    exporter.sink.update(bad, "ConfigMap ns/topology-n1")
+    exporter.sink.update(bad, "ConfigMap ns/topology-n1")
     assert exporter.invalid.value("node") == 1
     assert pods() == {"a"} and not exporter.snapshot().healthy
     # Unreadable: counted by its kind, and said.
     bad = TopologyError("ConfigMap ns/topology-n1", "topology.yml", "not valid YAML")
-    exporter.rejected(bad.obj, bad)
+    exporter.sink.rejected(bad.obj, bad)
     assert exporter.invalid.value("configmap") == 1
     assert "not valid YAML; pod labels from the last good topology" in exporter.snapshot().reason
-    exporter.problem("the API cannot be reached")
+    exporter.sink.problem("the API cannot be reached")
     assert exporter.snapshot().reason == "the API cannot be reached"
-    exporter.update(topology_doc("n1", l4, "c"), "ConfigMap ns/topology-n1")
+    exporter.sink.update(topology_doc("n1", l4, "c"), "ConfigMap ns/topology-n1")
     assert pods() == {"c"} and exporter.snapshot().healthy
 
 
@@ -778,8 +778,8 @@ def test_the_collector_says_each_change_once_and_counts_every_failure(
     exporter.collect()
     del fake.fail["nvmlDeviceGetPowerUsage"]
     exporter.collect()
-    exporter.problem("the API cannot be reached")
-    exporter.update(topology_doc("n1", fake.gpus[1].uuid, "a"), "ConfigMap ns/topology-n1")
+    exporter.sink.problem("the API cannot be reached")
+    exporter.sink.update(topology_doc("n1", fake.gpus[1].uuid, "a"), "ConfigMap ns/topology-n1")
     messages = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert [m for m in messages if m[0] == "INFO"] == [
         ("INFO", "NVML is good again"), ("INFO", "the topology is good again")]  # fmt: skip

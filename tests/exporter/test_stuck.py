@@ -47,12 +47,12 @@ def looping(exporter: Any, published: Published) -> Iterator[Callable[[str], tup
 def _topology_exporters() -> list[Any]:
     def one(published: Published) -> Any:
         e = Exporter("n1", dcgm.Options("h"), published)
-        e.update(doc("n1", MIG), "file")
+        e.sink.update(doc("n1", MIG), "file")
         return e
 
     def many(published: Published) -> Any:
         e = NodesExporter(dcgm.Options("h"), published)
-        e.update(doc("n1", MIG), "file")
+        e.sink.update(doc("n1", MIG), "file")
         return e
 
     return [pytest.param(one, id="one node"), pytest.param(many, id="all nodes")]
@@ -117,7 +117,7 @@ def test_a_busy_loop_is_not_stuck(monkeypatch: pytest.MonkeyPatch) -> None:
     """A loop that takes long for a step (but publishes within its time) stays healthy."""
     published = Published()
     exporter = Exporter("n1", dcgm.Options("h"), published)
-    exporter.update(doc("n1", MIG), "file")
+    exporter.sink.update(doc("n1", MIG), "file")
     exporter.stuck_s = 0.5
     monkeypatch.setattr(Exporter, "due_in", lambda self: 0.05)
     real = Exporter.snapshot

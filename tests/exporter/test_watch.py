@@ -63,7 +63,7 @@ def hosts(many: NodesExporter) -> set[str]:
 def test_the_nodes_configmap_is_followed_and_its_problems_said(strict: bool) -> None:
     exporter = Exporter(NODE, dcgm.Options("h"), Published())
     name = f"topology-{NODE}"
-    with watching(watch_configmap, exporter, name, NS, strict=strict) as (_, core):
+    with watching(watch_configmap, exporter.sink, name, NS, strict=strict) as (_, core):
         eventually(lambda: "not found" in exporter.snapshot().reason, timeout=10)
         assert exporter.snapshot().reason == (
             f"ConfigMap {NS}/{name}: not found; serving the last good topology"
@@ -136,7 +136,7 @@ def test_only_the_selected_nodes_are_served() -> None:
 def test_an_unreachable_api_is_said_and_the_last_good_kept() -> None:
     exporter = Exporter(NODE, dcgm.Options("h"), Published())
     name = f"topology-{NODE}"
-    with watching(watch_configmap, exporter, name, NS) as (kube, _):
+    with watching(watch_configmap, exporter.sink, name, NS) as (kube, _):
         kube.create("configmaps", configmap(text(), name, NS), namespace=NS)
         eventually(lambda: exporter.snapshot().healthy, timeout=10)
         kube.fail_next(3, status=503, plural="configmaps")

@@ -46,25 +46,25 @@ def exporter_counts(exporter: Exporter) -> dict[str, float]:
 def test_the_exporter_counts_each_invalid_input_once() -> None:
     exporter = Exporter(NODE, dcgm.Options("h"), Published())
     assert exporter_counts(exporter) == {"configmap": 0, "file": 0, "node": 0, "pod": 0}
-    exporter.update(MIG, "cm")
+    exporter.sink.update(MIG, "cm")
     for _ in range(3):  # the same bad ConfigMap, delivered again (a resync, a relist)
-        exporter.rejected(BAD_CM.obj, BAD_CM)
+        exporter.sink.rejected(BAD_CM.obj, BAD_CM)
     assert exporter_counts(exporter)["configmap"] == 1
     assert not exporter.snapshot().healthy
-    exporter.update(MIG, "cm")
-    exporter.rejected(BAD_CM.obj, BAD_CM)  # good in between: broken again is news
+    exporter.sink.update(MIG, "cm")
+    exporter.sink.rejected(BAD_CM.obj, BAD_CM)  # good in between: broken again is news
     assert exporter_counts(exporter)["configmap"] == 2
     node = MIG.nodes[NODE]
     broken = NodeTopology(node.gpu_count, node.gpu_memory, "NVIDIA-H200", True, node.gpus)
-    exporter.update(Topology("mixed", {NODE: broken}), "cm")
+    exporter.sink.update(Topology("mixed", {NODE: broken}), "cm")
     assert exporter_counts(exporter) == {"configmap": 2, "file": 0, "node": 1, "pod": 0}
 
 
 def test_the_count_is_scraped_after_the_dcgm_series() -> None:
     published = Published()
     exporter = Exporter(NODE, dcgm.Options("h"), published)
-    exporter.update(MIG, "cm")
-    exporter.rejected(BAD_CM.obj, BAD_CM)
+    exporter.sink.update(MIG, "cm")
+    exporter.sink.rejected(BAD_CM.obj, BAD_CM)
     served = exporter.snapshot()  # compared as served: a later one may fall in the next step
     published.publish(served)
     server = MetricsServer(published, "127.0.0.1", 0)
@@ -170,7 +170,7 @@ def test_the_exporter_turns_unhealthy_when_its_source_stops(many: bool) -> None:
     sink: Exporter | NodesExporter = (
         NodesExporter(dcgm.Options("h"), published) if many else Exporter(NODE, dcgm.Options("h"), published)
     )  # fmt: skip
-    sink.update(MIG, "cm")
+    sink.sink.update(MIG, "cm")
     release = threading.Event()
     source = threading.Thread(target=release.wait, name="watch-topology", daemon=True)
     source.start()
@@ -197,10 +197,10 @@ def test_metrics_fail_until_the_first_topology_then_serve_it() -> None:
     url = f"http://127.0.0.1:{server.port}"
     try:
         assert get(f"{url}/metrics") == (503, "no topology yet\n")  # not an empty exporter
-        exporter.rejected(BAD_CM.obj, BAD_CM)  # still nothing true to serve
+        exporter.sink.rejected(BAD_CM.obj, BAD_CM)  # still nothing true to serve
         published.publish(exporter.snapshot())
         assert get(f"{url}/metrics")[0] == 503
-        exporter.update(MIG, "cm")
+        exporter.sink.update(MIG, "cm")
         published.publish(exporter.snapshot())
         status, text = get(f"{url}/metrics")
         assert status == 200 and by_name(parse(text), "DCGM_FI_DEV_FB_USED")
@@ -214,7 +214,7 @@ def test_a_quiet_exporter_renders_once_per_change_not_per_watchdog_look() -> Non
     publish = published.publish
     published.publish = lambda s: (publishes.append(s.healthy), publish(s))  # type: ignore[method-assign,func-returns-value]
     exporter = Exporter(NODE, dcgm.Options("h"), published, clock=lambda: 1.0)  # mid-step
-    exporter.update(MIG, "cm")
+    exporter.sink.update(MIG, "cm")
     alive = threading.Event()
     source = threading.Thread(target=alive.wait, daemon=True)
     source.start()
@@ -224,7 +224,7 @@ def test_a_quiet_exporter_renders_once_per_change_not_per_watchdog_look() -> Non
     try:
         time.sleep(2.5)  # two looks at the source, no change, same step
         assert publishes == [True]
-        exporter.update(MIG, "cm")  # a change: rendered again at once
+        exporter.sink.update(MIG, "cm")  # a change: rendered again at once
         eventually(lambda: len(publishes) == 2, timeout=1)
     finally:
         alive.set()
