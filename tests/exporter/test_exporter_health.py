@@ -198,7 +198,7 @@ def test_once_the_nodes_are_listed_again_health_is_good_again(
         assert not after(kube, "configmaps", since, failed=False)()
 
 
-class _Reads:
+class Reads:
     """A sink that records each document it is given."""
 
     def __init__(self) -> None:
@@ -224,7 +224,7 @@ def test_a_topology_file_is_read_once_at_start_and_again_when_it_changes(tmp_pat
     (node,) = MIG.nodes.values()
     one = Topology("mixed", {"n1": node})
     path.write_text(dump_yaml(one))
-    reads, stop = _Reads(), threading.Event()
+    reads, stop = Reads(), threading.Event()
     thread = sources.file_source(path, reads, stop)
     thread.start()
     try:

@@ -17,30 +17,14 @@ from exporter import dcgm, sources
 from exporter.many import NodesExporter
 from exporter.service import Exporter
 from tests.exporter.test_exporter import MIG
+from tests.exporter.test_exporter_health import Reads
 from tests.exporter.test_many import doc
 from tests.support.kubeapi import eventually
 from topology.configmap import node_configmap
-from topology.model import Topology, dump_yaml
+from topology.model import dump_yaml
 from web.server import Published
 
 OPTIONS = dcgm.Options("h", "535.104.05")
-
-
-class _Reads:
-    def __init__(self) -> None:
-        self.updates: list[Topology] = []
-
-    def update(self, topology: Topology, source: str) -> None:
-        self.updates.append(topology)
-
-    def problem(self, reason: str) -> None:
-        raise AssertionError(reason)
-
-    def rejected(self, source: str, e: object) -> None:
-        raise AssertionError(e)
-
-    def owns(self, node: str) -> bool:
-        return True
 
 
 def _in_place(path: Path, text: str) -> None:
@@ -97,7 +81,7 @@ def test_a_file_replaced_by_one_of_the_same_size_and_time_is_read_again(
     assert len(text_one) == len(text_two)
     path = _file(tmp_path, how, text_one)
     times = path.stat().st_atime_ns, path.stat().st_mtime_ns
-    reads, stop = _Reads(), threading.Event()
+    reads, stop = Reads(), threading.Event()
     thread = threading.Thread(target=sources.follow_file, args=(path, reads, stop, 0.02))
     thread.start()
     try:

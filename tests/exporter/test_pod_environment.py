@@ -76,7 +76,8 @@ def test_only_a_statefulset_s_pod_named_by_the_platform_is_looked_up_to_shard(
             monkeypatch.setenv(name, value)
     assert cli.main(["--all-nodes", "--port", "0"]) == 1  # stopped where it was built
     looked_up = bool(pod and namespace) and pod.rsplit("-", 1)[-1].isdigit()
-    assert (built[0]["autoshard"] is not None) == looked_up
+    assert built[0]["autoshard"] == (f"StatefulSet of pod {namespace}/{pod}" if looked_up else None)
+    assert built[0]["shard"] is None  # until the StatefulSet's replicas are read
 
 
 @pytest.mark.parametrize(

@@ -377,29 +377,6 @@ def test_a_page_is_one_member_made_once_and_publishing_never_races_the_scrapes()
     assert failures == []
 
 
-def test_autosharding_is_what_serve_builds_from_pod_and_namespace(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    built: list[dict[str, Any]] = []
-
-    class Built(Exception):
-        pass
-
-    def record(*args: Any, **kwargs: Any) -> NodesExporter:
-        built.append(kwargs)
-        raise Built
-
-    monkeypatch.setattr(cli, "NodesExporter", record)
-    monkeypatch.setenv("POD_NAME", f"{STS}-2")
-    monkeypatch.setenv("POD_NAMESPACE", "gpu-operator")
-    assert cli.main(["--all-nodes", "--port", "0"]) == 1  # stopped where it was built
-    assert built[0]["autoshard"] == f"StatefulSet of pod gpu-operator/{STS}-2"
-    assert built[0]["shard"] is None
-    monkeypatch.delenv("POD_NAMESPACE")
-    assert cli.main(["--all-nodes", "--port", "0"]) == 1
-    assert built[1]["autoshard"] is None  # a pod name alone shards nothing
-
-
 def test_pages_hold_no_text_and_values_are_not_followed_by_the_collector() -> None:
     """5,000 nodes' text is 575 MiB: a page is written when asked and not kept; the body is
     joined when `/metrics` is asked for and then kept for the scrapes of that snapshot. And the
