@@ -239,21 +239,33 @@ def test_one_device_one_holder_whatever_the_mix(
         assert state.results["n"] == result
 
 
+def _plugin_pod_on(kind: str, request: str) -> ClusterState:
+    """A node of `kind` with one older pod holding a device through `request`, placed."""
+    node, _ = NODES[kind]
+    state = ClusterState()
+    state.set_node(node)
+    state.set_pod(slim_pod(plugin_pod(0, request, 1, 0)))
+    state.settle()
+    return state
+
+
+def _claimed(state: ClusterState, device: str) -> dict[str, Any]:
+    """A claim allocated `device`, and its pod, added and placed; the claim."""
+    pod, claim = claim_objects(0, device, 5)
+    state.set_pod(slim_pod(pod))
+    state.set_claim(read_claim(claim))
+    state.settle()
+    return claim
+
+
 def test_a_claim_allocated_a_gpu_a_pod_held_moves_the_pod_and_says_so_once() -> None:
     """The example the DRA page gives: a device-plugin pod holds GPU 0; a claim is allocated
     GPU 0 (the two sources do not know of each other): the claim holds it, the pod moves to the
     free GPU 1, one warning says so, and nothing more is said on later passes. With no free GPU
     left, the pod holds nothing, said once."""
-    node, _ = NODES["whole"]
-    state = ClusterState()
-    state.set_node(node)
-    state.set_pod(slim_pod(plugin_pod(0, "nvidia.com/gpu", 1, 0)))
-    state.settle()
+    state = _plugin_pod_on("whole", "nvidia.com/gpu")
     assert pods_of(statuses(state.results["n"])["gpu-0"]) == {"plugin-0"}
-    pod, claim = claim_objects(0, "gpu-0", 5)
-    state.set_pod(slim_pod(pod))
-    state.set_claim(read_claim(claim))
-    state.settle()
+    claim = _claimed(state, "gpu-0")
     found = statuses(state.results["n"])
     assert pods_of(found["gpu-0"]) == {"claimant-0"}
     assert pods_of(found["gpu-1"]) == {"plugin-0"}
@@ -284,14 +296,8 @@ def test_a_claim_allocated_a_gpu_a_pod_held_moves_the_pod_and_says_so_once() -> 
 
 
 def test_a_run_ai_pod_whose_instance_a_claim_holds_holds_nothing() -> None:
-    node, _ = NODES["runai"]
-    state = ClusterState()
-    state.set_node(node)
-    state.set_pod(slim_pod(plugin_pod(0, "runai:4", 1, 0)))
-    pod, claim = claim_objects(0, "gpu-0-mig-1g5gb-19-4", 5)
-    state.set_pod(slim_pod(pod))
-    state.set_claim(read_claim(claim))
-    state.settle()
+    state = _plugin_pod_on("runai", "runai:4")
+    _claimed(state, "gpu-0-mig-1g5gb-19-4")
     found = statuses(state.results["n"])
     assert pods_of(found["gpu-0-mig-1g5gb-19-4"]) == {"claimant-0"}
     assert said(state) == [
