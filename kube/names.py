@@ -50,7 +50,9 @@ def label_selector(value: str) -> str | None:
             return f"label key {key!r} is too long (a name of at most 63, a prefix of at most 253)"
         if prefix and dns1123_subdomain(prefix) is not None:
             return f"label key {key!r}: its prefix must be a DNS subdomain"
-        for v in values:
+        if values == []:
+            return f"the set of values for {key!r} is empty: 'in' and 'notin' need one at least"
+        for v in values or ():
             if len(v) > 63:
                 return f"label value {v[:20]!r}... is {len(v)} characters, at most 63"
     return None

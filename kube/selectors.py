@@ -57,16 +57,25 @@ def _requirement(m: re.Match[str]) -> Selector:
     return lambda labels: key in labels
 
 
-def terms(text: str) -> list[tuple[str, list[str]]]:
-    """Each requirement's key and the values it names, of a selector `parse` takes."""
-    found = []
+def terms(text: str) -> list[tuple[str, list[str] | None]]:
+    """Each requirement's key and the values it names, of a selector `parse` takes (None: the
+    requirement names none, `key` or `!key`)."""
+    found: list[tuple[str, list[str] | None]] = []
     at, text = 0, text.strip()
     while at < len(text):
         m = _REQUIREMENT.match(text, at)
         if m is None or m.end() == at:
             break
         key = m["absent"] or m["key"]
-        values = [v.strip() for v in m["values"].split(",")] if m["set"] else [m["value"] or ""]
+        if m["absent"] or not (m["op"] or m["set"]):
+            found.append((key, None))
+            at = m.end()
+            continue
+        if m["set"]:  # `()` names no value at all; `(,)` names the empty one
+            inner = m["values"].strip()
+            values = [v.strip() for v in inner.split(",")] if inner else []
+        else:
+            values = [m["value"] or ""]
         found.append((key, values))
         at = m.end()
     return found

@@ -23,6 +23,8 @@ from tests.support.kubeapi import KubeAPI, eventually
 BAD_NAMES = ("Upper", "under_score", "-leading", "trailing-", "a" * 254, "sp ace", "dots..x", "é")
 BAD_NAMESPACES = (*BAD_NAMES, "a" * 64, "has.dot")
 BAD_SELECTORS = (
+    "a in ()",
+    "a notin ( )",
     "type=kwok,",
     "a b",
     "k=" + "v" * 64,
@@ -32,7 +34,7 @@ BAD_SELECTORS = (
     "=v",
 )
 GOOD = {"name": ("topology", "a.b-c", "a" * 253), "namespace": ("gpu-operator", "a" * 63),
-        "selector": ("type=kwok", "", "a.b/c in (d,e),!f", "k!=v")}  # fmt: skip
+        "selector": ("type=kwok", "", "a.b/c in (d,e),!f", "k!=v", "a in (,)", "k=")}  # fmt: skip
 
 
 def test_the_rules_are_the_api_s() -> None:
