@@ -273,6 +273,7 @@ class SliceWriter:
         self._said: dict[str, str] = {}  # node -> the problem last said about it
         self._foreign: set[str] = set()  # slice names someone else's objects hold
         self._failed: dict[str, tuple[float, int, str]] = {}  # node -> (retry at, failures, why)
+        self._refusals: dict[str, list[str]] = {}  # this pass's news: reason -> nodes refused
         self._pass_failed: tuple[float, int] = (0.0, 0)  # a whole pass: (retry at, failures)
         self._wrote: list[str] = []
         self._deleted: list[str] = []
@@ -412,7 +413,7 @@ class SliceWriter:
         why = describe(e)
         _, failures, said = self._failed.get(node, (0.0, 0, ""))
         if why != said:  # once per problem: a node that stays refused is no news
-            log.warning("ResourceSlices of node %s: %s; retrying", node, why)
+            self._refusals.setdefault(why, []).append(node)  # said at the pass's end
         self._failed[node] = (_later(failures + 1), failures + 1, why)
 
     def _judge_foreign(self) -> None:
@@ -555,6 +556,12 @@ class SliceWriter:
         self._deleted.append(name)
 
     def _report(self) -> None:
+        # One line for every node refused for the same reason in a pass: a permission every
+        # node lacks (RBAC, a policy) is one line, not one per node of thousands.
+        for why, nodes in sorted(self._refusals.items()):
+            plural = "s" if len(nodes) > 1 else ""
+            log.warning("ResourceSlices of node%s %s: %s; retrying", plural, some_of(nodes), why)
+        self._refusals.clear()
         for verb, names in (("wrote", self._wrote), ("deleted", self._deleted)):
             if names:
                 log.info(

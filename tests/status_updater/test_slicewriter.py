@@ -269,6 +269,36 @@ def test_without_the_dra_api_the_configmaps_are_still_written(
         assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario, KWOK) == 0
 
 
+@pytest.mark.parametrize("status", [403, 422])
+def test_a_refusal_every_node_meets_is_one_line_not_one_a_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    status: int,
+) -> None:  # fmt: skip
+    """A permission every node lacks (RBAC, a policy: 403) or a limit every pool passes (422):
+    one line names the nodes refused for that reason in a pass (a few, and how many more), each
+    node named once however often it is tried; the ConfigMaps are written all the same."""
+    names = [f"kwok-{i:02d}" for i in range(40)]
+    with KubeAPI.start() as kube:
+        for name in names:
+            node = whole_gpu_node(name)
+            node["metadata"]["labels"]["type"] = "kwok"
+            kube.create("nodes", node)
+        kube.fail_next(10**6, status=status, method="POST", plural="resourceslices")
+
+        def scenario() -> None:
+            for name in names:
+                eventually(lambda n=name: kube.find("configmaps", f"topology-{n}", "gpu-ops"))
+            eventually(lambda: len([e for e in kube.journal() if e.fault]) >= 2 * len(names),
+                       timeout=10)  # fmt: skip
+
+        assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario, KWOK) == 0
+    said = [m for m in caplog.messages if m.startswith("ResourceSlices of node")]
+    assert 1 <= len(said) <= 3, said  # a line a pass that met the refusal for the first time
+    assert all(f"HTTP {status}" in m and "more" in m for m in said)
+    named = [n for m in said for n in names if f"{n}," in m or f"{n} " in m or f"{n}:" in m]
+    assert len(named) == len(set(named))  # no node said twice
+
+
 def test_a_pool_the_api_refuses_never_holds_back_the_others_or_the_configmaps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
