@@ -147,13 +147,12 @@ def list_watch(
     every one.
     """
     backoff = Backoff()
-    said: list[object] = []  # what the failure last logged was (`failure_kind`), until a list
+    said = Said(log)
     while not stop.is_set():
         try:
             items, version = list_all(list_call, selectors, transform)
-            if said:
+            if said.ok():
                 log.info("%s: listed again", what)
-                said.clear()
             on_reset(items)
             backoff.reset()
             while not stop.is_set():
@@ -179,13 +178,33 @@ def failure_kind(e: BaseException) -> object:
     return e.status if isinstance(e, ApiException) else type(e)
 
 
+_NONE = object()
+
+
+class Said:
+    """A retrying loop's failures, logged when they are news: a failure of another kind
+    (`failure_kind`), or the first after a success; never again at every retry."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._log = logger
+        self._kind: object = _NONE
+
+    def failed(self, message: str, e: BaseException) -> None:
+        if failure_kind(e) != self._kind:
+            self._log.warning("%s; retrying", message)
+            self._kind = failure_kind(e)
+
+    def ok(self) -> bool:
+        """The loop succeeded: whether it had been failing."""
+        failing, self._kind = self._kind is not _NONE, _NONE
+        return failing
+
+
 def _report(
-    what: str, e: BaseException, on_error: Callable[[str], None] | None, said: list[object]
+    what: str, e: BaseException, on_error: Callable[[str], None] | None, said: Said
 ) -> None:
     message = f"{what}: {describe(e)}"
-    if said != [failure_kind(e)]:
-        log.warning("%s; retrying", message)
-        said[:] = [failure_kind(e)]
+    said.failed(message, e)
     if on_error is not None:
         on_error(message)
 

@@ -25,7 +25,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from common.selfmetrics import InvalidObjects, kind_of
-from kube.api import Backoff, Obj, describe, list_watch
+from kube.api import Backoff, Obj, Said, describe, list_watch
 from status_updater.claims import read_claim
 from status_updater.dra import DraOptions, node_slimmer
 from status_updater.objects import node_name, pod_key, slim_pod
@@ -343,6 +343,7 @@ class Controller:
 
     def run_writer(self, stop: threading.Event) -> None:
         backoff = Backoff()
+        said = Said(log)  # the writer's failures, each said once
         last_full = time.monotonic()
         more = False  # the last pass ran out of time: the next starts at once
         while not stop.is_set():
@@ -366,7 +367,7 @@ class Controller:
                 try:
                     self.state.remember(self.writer.remembered())
                 except Exception as e:
-                    log.warning("%s: %s; retrying", self.writer.what, describe(e))
+                    said.failed(f"{self.writer.what}: {describe(e)}", e)
                     self.dirty.set()
                     backoff.wait(stop)
                     continue
@@ -390,11 +391,13 @@ class Controller:
             try:
                 self.writer.sync(self.state, self._pending, self._full)
             except Exception as e:  # API trouble, or anything else: the writer must outlive it
-                log.warning("%s: %s; retrying", self.writer.what, describe(e))
+                said.failed(f"{self.writer.what}: {describe(e)}", e)
                 self._full = True
                 self.dirty.set()
                 backoff.wait(stop)
                 continue
+            if said.ok():
+                log.info("%s: written again", self.writer.what)
             if self._full:
                 last_full = time.monotonic()
             self._pending.clear()

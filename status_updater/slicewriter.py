@@ -33,6 +33,7 @@ from kube.api import (
     REQUEST_TIMEOUT,
     Obj,
     Queued,
+    Said,
     describe,
     queued_watch,
     send_json,
@@ -578,6 +579,7 @@ class WithSlices:
         self, writer: Writer, slices: SliceWriter, claims: ClaimStatusWriter | None = None
     ) -> None:
         self.writer, self.slices, self.claims = writer, slices, claims
+        self._claims_said = Said(log)  # the claims' status writer's failures, each said once
         self.what = f"{writer.what} and {slices.what}"
 
     def informers(self, stop: threading.Event, wake: Callable[[], None]) -> list[threading.Thread]:
@@ -603,7 +605,9 @@ class WithSlices:
             try:
                 self.claims.sync(state, changed, full)
             except Exception as e:  # API trouble: again at the next pass
-                log.warning("%s: %s; retrying", self.claims.what, describe(e))
+                self._claims_said.failed(f"{self.claims.what}: {describe(e)}", e)
+            else:
+                self._claims_said.ok()
 
     def leading(self, leading: bool) -> None:
         self.writer.leading(leading)

@@ -173,3 +173,35 @@ def test_the_leader_gauge_has_its_help_and_type() -> None:
         "1 while this replica writes the topology ConfigMaps.",
     )
     assert [s.value for s in leader.samples] == [1.0]
+
+
+@pytest.mark.parametrize(
+    ("status", "plural", "method"),
+    [(403, "configmaps", "POST"), (500, "configmaps", "POST"), (422, "configmaps", "POST")],
+)
+def test_a_write_that_keeps_failing_is_said_once_not_at_every_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    status: int, plural: str, method: str,
+) -> None:  # fmt: skip
+    """The ConfigMaps cannot be written (RBAC, an API in trouble): the writer retries with
+    backoff, and says so once, not at each retry; once it writes again, it says that."""
+    from status_updater.dra import DraOptions
+    from tests.status_updater.test_reconcile import whole_gpu_node
+
+    caplog.set_level(logging.INFO)
+    with KubeAPI.start() as kube:
+        node = whole_gpu_node("k80")
+        node["metadata"]["labels"]["type"] = "kwok"
+        kube.create("nodes", node)
+        kube.fail_next(10**6, status=status, method=method, plural=plural)
+
+        def scenario() -> None:
+            eventually(lambda: len([e for e in kube.journal() if e.fault]) >= 3, timeout=20)
+            kube.call(lambda e: e.faults.clear())
+            eventually(lambda: kube.find("configmaps", "topology-k80", NS), timeout=20)
+            eventually(lambda: any("written again" in m for m in caplog.messages), timeout=5)
+
+        dra = DraOptions("type=kwok", dynamic_mig=False, claim_status=True)
+        assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario, dra) == 0
+    said = [m for m in caplog.messages if f"HTTP {status}" in m and "retrying" in m]
+    assert len(said) == 1, said
