@@ -103,6 +103,7 @@ class Controller:
         dra: DraOptions | None = None,
     ) -> None:
         self.core, self.writer, self.is_leader, self.resync_s = core, writer, is_leader, resync_s
+        self.turned = time.monotonic()  # when the writer's loop last began a turn
         self.sources = SOURCES if dra is None else DRA_SOURCES
         # What each informer keeps of its objects, as it lists and watches them.
         self._slims: dict[str, Callable[[Obj], Any]] = {
@@ -347,6 +348,7 @@ class Controller:
         last_full = time.monotonic()
         more = False  # the last pass ran out of time: the next starts at once
         while not stop.is_set():
+            self.turned = time.monotonic()  # alive and turning (daemon._stuck)
             if more:  # a moment for the informers, never a spin should the work not shrink
                 more = False
                 if self.dirty.wait(0.02):

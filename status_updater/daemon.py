@@ -6,6 +6,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 
 import kubernetes
 
@@ -24,6 +25,10 @@ from web.server import MetricsServer, Published, Snapshot
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
 WATCHDOG_S = 1.0  # how often the main thread checks that every loop still runs
+# How long the writer's loop may go without a turn before `/health` calls it stuck: past the
+# longest a busy turn can take (a pass's last write: five tries of a 30-s request, and the
+# re-reads), so that a busy writer is never called stuck, and a hung one is.
+WRITER_STUCK_S = 600.0
 log = logging.getLogger("status_updater")
 
 
@@ -145,7 +150,8 @@ def _supervise(
         # Each loop outlives API trouble; one that ended anyway would leave the updater writing
         # from a frozen view (or not at all) while it looks alive. Exit: the kubelet restarts it.
         dead = [t.name for t in threads if not t.is_alive()]
-        published.publish(_health(controller, elector.is_leader(), dead, elector.trouble()))
+        trouble = _stuck(controller, elector) or elector.trouble()
+        published.publish(_health(controller, elector.is_leader(), dead, trouble))
         if stop.wait(WATCHDOG_S):
             return EXIT_OK
         if dead:
@@ -153,6 +159,20 @@ def _supervise(
             stop.set()  # the other loops end too
             elector.release()
             return EXIT_INTERNAL
+
+
+def _stuck(controller: Controller, elector: LeaderElector) -> str | None:
+    """A loop that is alive but has not turned for far longer than a busy turn takes: every
+    call it makes has a timeout, so only a hang (a bug, a lock never let go) gets here. The
+    elector's tries end within a round (its renew deadline) and it turns every retry period."""
+    now = time.monotonic()
+    timing = elector.timing
+    limits = (("writer", controller.turned, WRITER_STUCK_S),
+              ("elector", elector.turned, 3 * (timing.renew_deadline_s + timing.retry_period_s)))  # fmt: skip
+    for name, turned, limit in limits:
+        if now - turned > limit:
+            return f"the {name} thread is stuck: no turn for {now - turned:.0f} s"
+    return None
 
 
 def _health(

@@ -78,6 +78,7 @@ class LeaderElector:
         self.leading = threading.Event()
         self._lock = threading.Lock()  # one lease call at a time; release waits for a renewal
         self._released = False
+        self.turned = time.monotonic()  # when its loop last began a turn
         # The failing tries' last reason, since when, and whether the API refused the Lease.
         self._failing: tuple[str, float, bool] | None = None
         self._kind: object = None  # what the failing tries' failure is (kube.api.failure_kind)
@@ -172,6 +173,7 @@ class LeaderElector:
         when one succeeds; a leader whose round ends without one stops leading."""
         in_round = False
         while not stop.is_set():
+            self.turned = time.monotonic()  # alive and turning (daemon._stuck)
             if in_round and not self.leading.is_set() and time.monotonic() > self._deadline:
                 in_round = False  # a candidate's round ran out: the next try starts another
             if not in_round:

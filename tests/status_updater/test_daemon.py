@@ -205,3 +205,77 @@ def test_a_write_that_keeps_failing_is_said_once_not_at_every_retry(
         assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario, dra) == 0
     said = [m for m in caplog.messages if f"HTTP {status}" in m and "retrying" in m]
     assert len(said) == 1, said
+
+
+def test_a_writer_that_hangs_is_called_stuck_and_a_busy_one_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`/health` is never stuck on a loop that is: a writer whose turn never ends (a bug, a lock
+    never let go) turns it to 503 once past the longest a busy turn takes, and it is ok again
+    when the writer turns again. A writer busy within that time stays healthy."""
+    from status_updater.pernode import PerNodeWriter
+    from web.server import Published
+
+    monkeypatch.setattr(daemon, "WRITER_STUCK_S", 3.0)  # a turn: up to 1 s idle, 0.2 s, a pass
+    published: list[Published] = []
+    monkeypatch.setattr(daemon, "Published", lambda: published.append(Published()) or published[-1])
+    real, hang, release = PerNodeWriter.sync, threading.Event(), threading.Event()
+    busy = threading.Event()
+
+    def sync(self: PerNodeWriter, *args: Any) -> None:
+        if hang.is_set():
+            release.wait()
+        if busy.is_set():
+            threading.Event().wait(1.0)  # busy, within its time
+        real(self, *args)
+
+    monkeypatch.setattr(PerNodeWriter, "sync", sync)
+
+    def health() -> tuple[bool, str]:
+        return published[0].snapshot.health() if published else (False, "not yet")
+
+    with KubeAPI.start() as kube:
+        kube.create("nodes", whole_gpu_node("k80", count=2))
+
+        def scenario() -> None:
+            eventually(lambda: kube.find("configmaps", "topology-k80", NS), timeout=10)
+            eventually(lambda: health() == (True, "ok"), timeout=10)
+            busy.set()
+            for i in range(2):  # changes to write, each pass a second long
+                kube.create(
+                    "pods", gpu_pod(f"b{i}", "k80", 1, "2026-01-01T00:00:00Z"), namespace="ns"
+                )
+                for _ in range(10):
+                    assert health() == (True, "ok")
+                    threading.Event().wait(0.1)
+            busy.clear()
+            hang.set()
+            kube.create("nodes", whole_gpu_node("k81"))  # a node to write: the pass hangs
+            eventually(lambda: "the writer thread is stuck" in health()[1], timeout=10)
+            assert not health()[0]
+            hang.clear()
+            release.set()
+            eventually(lambda: health() == (True, "ok"), timeout=10)
+
+        assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario) == 0
+
+
+@pytest.mark.parametrize(
+    ("writer_ago", "elector_ago", "stuck"),
+    [(1, 1, None), (599, 35, None), (601, 1, "writer"), (1, 37, "elector"), (700, 40, "writer")],
+)
+def test_a_loop_is_stuck_only_past_the_longest_busy_turn(
+    writer_ago: float, elector_ago: float, stuck: str | None
+) -> None:
+    """The elector turns every retry period and each try ends within its round (client-go's
+    2 s and 10 s: stuck past 36 s); the writer's longest busy turn is minutes (stuck past 10)."""
+    import time
+    from types import SimpleNamespace
+
+    from status_updater.leader import CLIENT_GO
+
+    now = time.monotonic()
+    controller = SimpleNamespace(turned=now - writer_ago)
+    elector = SimpleNamespace(turned=now - elector_ago, timing=CLIENT_GO)
+    said = daemon._stuck(controller, elector)  # type: ignore[arg-type]
+    assert (said is None) if stuck is None else (said or "").startswith(f"the {stuck} thread")
