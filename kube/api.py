@@ -190,9 +190,10 @@ class Said:
         self._kind: object = _NONE
 
     def failed(self, message: str, e: BaseException) -> None:
-        if failure_kind(e) != self._kind:
+        kind = failure_kind(e)
+        if kind != self._kind:
             self._log.warning("%s; retrying", message)
-            self._kind = failure_kind(e)
+            self._kind = kind
 
     def ok(self) -> bool:
         """The loop succeeded: whether it had been failing."""
@@ -296,6 +297,10 @@ def queued_watch(
 # --- pacing and raw JSON ------------------------------------------------------------------------
 
 QPS, BURST = 100.0, 200  # the updater's defaults: 45,000 slices in about 7.5 minutes (docs/dra.md)
+# A writer's pass (ConfigMaps, ResourceSlices, claims' status) writes for at most this long, at
+# least one object, then its loop looks at the Lease again and the other writers get their turn:
+# publishing a whole cluster at the API's pace takes minutes.
+PASS_S = 0.5
 
 
 class Pace:

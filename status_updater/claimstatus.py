@@ -27,7 +27,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from common.text import some_of
-from kube.api import REQUEST_TIMEOUT, describe, usable_version
+from kube.api import PASS_S, REQUEST_TIMEOUT, describe, usable_version
 from status_updater.claims import ClaimKey
 from status_updater.dra import SELECTED
 from status_updater.state import ClusterState
@@ -35,7 +35,6 @@ from topology import dra
 from topology.model import DeviceStatus, NodeTopology
 
 log = logging.getLogger(__name__)
-PASS_S = 0.5  # a pass's writing time, as the ConfigMaps' and the ResourceSlices'
 Said = frozenset[tuple[str, str, str]]  # (pool, device, uuid)
 
 

@@ -26,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from common.text import some_of
 from kube.api import (
+    PASS_S,
     REQUEST_TIMEOUT,
     Obj,
     Queued,
@@ -43,7 +44,6 @@ from topology.model import NodeTopology, dump_yaml
 log = logging.getLogger(__name__)
 CONFIGMAP_LIMIT = 1024 * 1024  # bytes of data a ConfigMap may hold
 ATTEMPTS = 5
-PASS_S = 0.5  # a pass's writing time, as the ResourceSlices' (slicewriter.PASS_S)
 
 
 def digest(text: object) -> str:

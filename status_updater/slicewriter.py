@@ -30,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from common.text import some_of
 from kube.api import (
+    PASS_S,
     REQUEST_TIMEOUT,
     Obj,
     Queued,
@@ -56,9 +57,6 @@ from topology.errors import TopologyError
 from topology.model import NodeTopology
 
 log = logging.getLogger(__name__)
-# A pass writes for at most this long, then lets the ConfigMaps (a claim's placement) be written
-# before it goes on: publishing a whole cluster takes minutes.
-PASS_S = 0.5
 RETRY_S = (1.0, 60.0)  # a pool the API refuses, or a failed pass: again after 1 s, up to 60 s
 
 
