@@ -26,6 +26,7 @@ from exporter.node import missing_node, node_of
 from exporter.service import Exporter
 from exporter.shards import Shard, ordinal
 from exporter.sources import (
+    file_obj,
     file_source,
     node_watches,
     nodes_watches,
@@ -328,7 +329,7 @@ def milliseconds(text: str) -> int:
 
 def _once(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None) -> int:
     path: Path = args.topology_file
-    obj = f"topology file {path}"
+    obj = file_obj(path)
     # A shard leaves other nodes' ConfigMaps unread, as it does serving.
     topology = read_topology_file(path, shard.owns if shard is not None else None)
     if args.all_nodes:
@@ -360,7 +361,7 @@ def _attribution(args: argparse.Namespace) -> NodeTopology | None:
     """--source nvml --once: the node whose pods name the GPUs, from --topology-file if given."""
     if args.topology_file is None:
         return None
-    obj = f"topology file {args.topology_file}"
+    obj = file_obj(args.topology_file)
     return _node_in(read_topology_file(args.topology_file), args.node_name, obj)
 
 

@@ -63,13 +63,14 @@ class RenderLoop:
             self.wake.clear()
             self.tick()
             snapshot = self.snapshot()
-            # Due again in `due_in` (or sooner, woken): stuck if nothing comes long after that.
-            stale_after = time.monotonic() + max(0.0, self.due_in()) + self.stuck_s
+            due = self.due_in()
+            # Due again in `due` (or sooner, woken): stuck if nothing comes long after that.
+            stale_after = time.monotonic() + max(0.0, due) + self.stuck_s
             self.published.publish(replace(snapshot, stale_after=stale_after))
             if not settled and (snapshot.ready or time.monotonic() - started > SETTLE_S):
                 settle()
                 settled = True
-            gone = wait_for_work(self.wake, self.due_in(), sources, stop)
+            gone = wait_for_work(self.wake, due, sources, stop)
             if gone:
                 self.health.set(self.stopped_key, gone)
 

@@ -21,7 +21,15 @@ import kubernetes
 from common.files import UnreadableFile, read_text
 from exporter.many import NodesExporter
 from exporter.shards import Shard, ordinal
-from kube.api import REQUEST_TIMEOUT, Backoff, Obj, describe, list_watch, watch_named
+from kube.api import (
+    REQUEST_TIMEOUT,
+    Backoff,
+    Obj,
+    describe,
+    failure_kind,
+    list_watch,
+    watch_named,
+)
 from topology import configmap as contract
 from topology.configmap import node_configmap_name, parse_document
 from topology.errors import TopologyError
@@ -54,9 +62,14 @@ class Sink(Protocol):
 # --- a file --------------------------------------------------------------------------------------
 
 
+def file_obj(path: Path) -> str:
+    """How a topology file is named in errors, and the source it is to a sink."""
+    return f"topology file {path}"
+
+
 def read_topology_file(path: Path, wanted: Callable[[str], bool] | None = None) -> Topology:
     """`wanted`: a shard's; the ConfigMaps of other nodes in a List are left unread."""
-    obj = f"topology file {path}"
+    obj = file_obj(path)
     try:
         text = read_text(path, MAX_TOPOLOGY_FILE_BYTES)
     except UnreadableFile as e:
@@ -88,11 +101,11 @@ def follow_file(
 ) -> None:  # fmt: skip
     """Reload when the file changes: a ConfigMap mounted as a volume is updated in place.
     `seen`: the stamp of the file as last read."""
+    source = file_obj(path)
     while not stop.is_set():
         current = _stamp(path)
         if current != seen:
             seen = current
-            source = f"topology file {path}"
             try:
                 exporter.update(read_topology_file(path, exporter.owns), source)
             except TopologyError as e:
@@ -106,7 +119,7 @@ def file_source(path: Path, exporter: Sink, stop: threading.Event) -> threading.
     from the stamp taken before that read: it reads the file again only if it changed since
     (5,000 nodes' file takes seconds to read)."""
     seen = _stamp(path)
-    exporter.update(read_topology_file(path, exporter.owns), f"topology file {path}")
+    exporter.update(read_topology_file(path, exporter.owns), file_obj(path))
     return threading.Thread(target=follow_file, args=(path, exporter, stop, 1.0, seen),
                             daemon=True)  # fmt: skip
 
@@ -305,7 +318,7 @@ def _statefulset_of(
                                              _request_timeout=REQUEST_TIMEOUT)  # fmt: skip
             meta = json.loads(cast(Any, found).data).get("metadata") or {}
         except Exception as e:  # the API is not there yet: try again
-            if not required and getattr(e, "status", None) in _NOT_READABLE:
+            if not required and failure_kind(e) in _NOT_READABLE:
                 exporter.shard_count_unread(None)
                 exporter.reshard(
                     None, None, f"not sharding: {what}: {describe(e)}; serving every node"

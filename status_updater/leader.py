@@ -17,7 +17,7 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from kube.api import TRANSIENT, describe, failure_kind, usable_version
+from kube.api import TRANSIENT, Said, describe, failure_kind, usable_version
 from kube.times import parse_time
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class LeaderElector:
         self.turned = time.monotonic()  # when its loop last began a turn
         # The failing tries' last reason, since when, and whether the API refused the Lease.
         self._failing: tuple[str, float, bool] | None = None
-        self._kind: object = None  # what the failing tries' failure is (kube.api.failure_kind)
+        self._said = Said(log)  # each kind of failure said once
 
     def is_leader(self) -> bool:
         # A leader whose round of tries did not renew by its deadline must assume another
@@ -197,18 +197,16 @@ class LeaderElector:
                 self._failed(e)
                 self.is_leader()  # drops leadership once the round's deadline has passed
             else:
-                self._failing, self._kind = None, None
+                self._failing = None
+                self._said.ok()
             stop.wait(self.timing.retry_period_s)
 
     def _failed(self, e: Exception) -> None:
-        """A try failed: said when the reason changes, not at every retry."""
+        """A try failed: said when it is another kind of failure, not at every retry."""
         reason = f"lease {self.namespace}/{self.name}: {describe(e)}"
-        kind = failure_kind(e)  # the same failure, whatever its message says this time
         since = self._failing[1] if self._failing is not None else time.monotonic()
-        if self._kind != kind:
-            log.warning("%s", reason)
-        self._kind = kind
-        self._failing = (reason, since, kind in REFUSED)
+        self._said.failed(reason, e)
+        self._failing = (reason, since, failure_kind(e) in REFUSED)
 
     def trouble(self) -> str | None:
         """Why this replica cannot take part in the election, for `/health`: the API refuses the
