@@ -330,6 +330,12 @@ def _h100_profiles(engines: dict[str, Engines]) -> tuple[Profile, ...]:
                        engines=engines, two_slice_1g="1g.20gb", two_slice_1g_mib=20096)  # fmt: skip
 
 
+_H100_SXM_FIGURES = Figures(
+    70.0, 115.0, 700.0, 345, 1980, 2619, 30, 72, 2,
+    "H100 SXM5 datasheet (700 W, 1980 MHz, HBM3 2619 MHz); idle scaled from A100-40GB",
+)  # fmt: skip
+
+
 _H100_80GB = GpuModel(
     key="H100-80GB",
     nvml_names=("NVIDIA H100 80GB HBM3",),
@@ -341,18 +347,7 @@ _H100_80GB = GpuModel(
     mig_toggles_without_reset=True,
     compute_capability="9.0",
     pci_ids=("0x233010DE", "0x232210DE", "0x232410DE"),
-    figures=Figures(
-        70.0,
-        115.0,
-        700.0,
-        345,
-        1980,
-        2619,
-        30,
-        72,
-        2,
-        "H100 SXM5 datasheet (700 W, 1980 MHz, HBM3 2619 MHz); idle scaled from A100-40GB",
-    ),
+    figures=_H100_SXM_FIGURES,
 )
 
 
@@ -560,17 +555,10 @@ MODELS: tuple[GpuModel, ...] = (
         mig_toggles_without_reset=True,
         compute_capability="9.0",
         pci_ids=("0x234210DE", "0x233D10DE", "0x20B610DE", "0x232910DE"),
-        figures=Figures(
-            70.0,
-            115.0,
-            700.0,
-            345,
-            1980,
-            2619,
-            30,
-            72,
-            2,
-            "H100 96GB / GH200 GPU: H100 SXM5 figures (700 W, 1980 MHz); idle scaled from A100-40GB",
+        figures=replace(
+            _H100_SXM_FIGURES,
+            source="H100 96GB / GH200 GPU: H100 SXM5 figures (700 W, 1980 MHz); idle scaled "
+            "from A100-40GB",
         ),
     ),
     GpuModel(
