@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 from common.process import CLUSTER_ENVIRONMENT, env_switch, not_utf8
-from exporter import dcgm, nvml
+from exporter import dcgm, generations, nvml
 from exporter.collector import DEFAULT_INTERVAL_MS, NvmlExporter
 from exporter.fields import CountersError, read_counters
 from exporter.many import NodesExporter
@@ -269,17 +269,20 @@ def _series_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--dcgm-exporter-version",
-        type=_exporter_version,
-        default=os.environ.get("DCGM_EXPORTER_VERSION") or "default",
-        help="whose label set: default, the run:ai dumps' dcgm-exporter (Hostname); 4.8, "
-        "dcgm-exporter 4.8.3's (pci_bus_id, hostname) (env DCGM_EXPORTER_VERSION)",
+        type=_generation,
+        default=os.environ.get("DCGM_EXPORTER_VERSION") or None,
+        metavar="VERSION",
+        help="which dcgm-exporter to be: its default fields, names, units, labels, order and "
+        f"value format (env DCGM_EXPORTER_VERSION): {_generations_help()}; default "
+        f"{generations.DEFAULT.name}, or {generations.FIRST_WITH_DRA.name} with "
+        "--kubernetes-enable-dra (docs/upgrade.md)",
     )
     p.add_argument(
         "--kubernetes-enable-dra",
         action="store_true",
         default=env_switch("KUBERNETES_ENABLE_DRA"),
         help="a device DRA claims hold, once per pod container holding it, with the claim's "
-        "dra_* labels, in dcgm-exporter 4.8's label set, as its flag (env "
+        f"dra_* labels, as its flag (from dcgm-exporter {generations.FIRST_WITH_DRA.name}; env "
         "KUBERNETES_ENABLE_DRA=true)",
     )
     p.add_argument(
@@ -307,13 +310,20 @@ def _series_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _exporter_version(text: str) -> str:
-    if text not in dcgm.EXPORTER_VERSIONS:
+def _generations_help() -> str:
+    return ", ".join(
+        g.name + (f" (or {', '.join(g.aliases)})" if g.aliases else "")
+        for g in generations.GENERATIONS
+    )
+
+
+def _generation(text: str) -> generations.Generation:
+    try:
+        return generations.generation(text)
+    except KeyError:
         raise argparse.ArgumentTypeError(
-            f"expected {' or '.join(dcgm.EXPORTER_VERSIONS)}, got {text!r} "
-            "(flag or DCGM_EXPORTER_VERSION)"
-        )
-    return text
+            f"expected one of {_generations_help()}, got {text!r} (flag or DCGM_EXPORTER_VERSION)"
+        ) from None
 
 
 def milliseconds(text: str) -> int:
@@ -520,8 +530,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (problem := names.problem(_names(args))) is not None:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    generation = args.dcgm_exporter_version or (
+        generations.FIRST_WITH_DRA if args.kubernetes_enable_dra else generations.DEFAULT
+    )
+    if args.kubernetes_enable_dra and not generation.dra:
+        p.error(f"--kubernetes-enable-dra: dcgm-exporter {generation.name} has no DRA mode "
+                f"(from {generations.FIRST_WITH_DRA.name})")  # fmt: skip
     try:
-        counters = read_counters(args.collectors) if args.collectors else dcgm.default_counters()
+        counters = (
+            read_counters(args.collectors) if args.collectors else dcgm.default_counters(generation)
+        )
     except CountersError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -532,7 +550,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         counters=counters,
         mig_pod_labels=args.mig_pod_labels,
         virtual_gpus=args.kubernetes_virtual_gpus,
-        exporter_version=args.dcgm_exporter_version,
+        generation=generation,
         dra=args.kubernetes_enable_dra,
         dra_claim_status=args.dra_claim_status,
     )

@@ -33,9 +33,19 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from exporter import readings
-from exporter.fields import DEFAULT_COUNTERS, EMPTY, GPU, MIG, Counters, Field, read_counters
+from exporter.fields import EMPTY, GPU, MIG, Counter, Counters, canonical, read_counters
+from exporter.generations import DEFAULT, Generation
 from exporter.readings import EnergyMeter, Reading
-from exporter.series import GpuLabels, InstanceSeries, Labels, Subject, gpu_subjects
+from exporter.series import (
+    Attribution,
+    GpuLabels,
+    InstanceSeries,
+    Labels,
+    Subject,
+    gpu_subjects,
+    in_output_order,
+)
+from exporter.xid import xid_text
 from topology import dra
 from topology.catalog import GpuModel, model_for_product, nvml_model_name
 from topology.model import Gpu, MigDevice, NodeTopology
@@ -52,26 +62,27 @@ def until_next_step(now: float) -> float:
     return UTILIZATION_STEP_S - now % UTILIZATION_STEP_S + 0.001
 
 
-@lru_cache(maxsize=1)
-def default_counters() -> Counters:
-    return read_counters(DEFAULT_COUNTERS)
+@lru_cache(maxsize=8)
+def default_counters(generation: Generation = DEFAULT) -> Counters:
+    """The fields a generation collects by default (its counters file)."""
+    return read_counters(generation.counters_file)
 
 
 @dataclass(frozen=True)
 class Options:
     hostname: str
     driver_version: str = DEFAULT_DRIVER_VERSION
-    counters: Counters = field(default_factory=default_counters)
+    counters: Counters = None  # type: ignore[assignment]  # None: the generation's default
     # Name the pod holding each MIG instance, as dcgm-exporter does where the kubelet knows it.
     # Off by default: run:ai's dynamic MIG leaves them empty, as the real dumps show.
     mig_pod_labels: bool = False
     # dcgm-exporter's --kubernetes-virtual-gpus: a shared device's series once per replica held,
     # each naming its pod and `vgpu` (the replica); off, one series names one of the pods.
     virtual_gpus: bool = False
-    # Whose label set: `default`, the run:ai dumps' exporter; `4.8`, dcgm-exporter 4.8.3's.
-    exporter_version: str = "default"
+    # Which dcgm-exporter this is (generations.py): labels, names, units, order, value format.
+    generation: Generation = DEFAULT
     # dcgm-exporter's --kubernetes-enable-dra: a device DRA claims hold, once per pod container
-    # holding it, with the claim's dra_* labels (in 4.8's label set).
+    # holding it, with the claim's dra_* labels (a generation that has DRA: 4.8.3 on).
     dra: bool = False
     # --dra-claim-status: the claims' status names a DynamicMIG instance's uuid (the updater's
     # --dra-claim-status, as the DRA driver's #1456 designs it): such an instance is attributed
@@ -79,8 +90,20 @@ class Options:
     dra_claim_status: bool = False
     energy: EnergyMeter = field(default_factory=EnergyMeter, compare=False, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.counters is None:
+            object.__setattr__(self, "counters", default_counters(self.generation))
+        if self.dra and not self.generation.dra:
+            raise ValueError(f"dcgm-exporter {self.generation.name} has no DRA mode")
 
-EXPORTER_VERSIONS = ("default", "4.8")
+    @property
+    def attribution(self) -> Attribution:
+        """How a device's series name the pods holding it."""
+        g = self.generation
+        return Attribution(
+            virtual_gpus=self.virtual_gpus, dra=self.dra, claim_status=self.dra_claim_status,
+            free_pod_labels=g.free_pod_labels, dra_uuid_always=g.free_pod_labels or not g.dra_pod_uid,
+        )  # fmt: skip
 
 
 def gpu_labels(
@@ -92,12 +115,24 @@ def gpu_labels(
     fields: Labels,
     bus: str | None = None,
 ) -> GpuLabels:
-    """A GPU's labels in the label set of the dcgm-exporter version the options name; `bus`, its
-    PCI address where NVML read it (a simulated GPU's follows from its index)."""
-    if options.exporter_version == "4.8" or options.dra:
+    """A GPU's labels in its generation's label set; `bus`, its PCI address where NVML read it
+    (a simulated GPU's follows from its index)."""
+    g = options.generation
+    if g.bus_label:
         bus = dra.pci_bus_id(index) if bus is None else bus
-        return GpuLabels(index, uuid, minor, model, options.hostname, fields, bus, "hostname")
-    return GpuLabels(index, uuid, minor, model, options.hostname, fields)
+        return GpuLabels(index, uuid, minor, model, options.hostname, fields, bus, g.hostname_label)
+    return GpuLabels(index, uuid, minor, model, options.hostname, fields, None, g.hostname_label)
+
+
+def profile_label(generation: Generation, nvml_name: str, slices: int, memory_mib: int) -> str:
+    """`GPU_I_PROFILE` as the generation names a MIG profile. DCGM names a GPU instance from its
+    profile's NVML figures, `<slices>g.<ceil(MiB / 1024)>gb` (DcgmCacheManager.cpp's
+    GpuInstanceProfiles): `7g.79gb` on an A100 80GB PCIe, `1g.11gb` on an H100 NVL, NVML's own
+    name on an A100 40GB. From 4.8.4 it is NVML's name as NVML returns it, which begins with
+    `MIG ` (docs/upgrade.md)."""
+    if generation.profile_names == "nvml":
+        return f"MIG {nvml_name}"
+    return f"{slices}g.{-(-memory_mib // 1024)}gb"
 
 
 def _mig_order(model: GpuModel, dev: MigDevice) -> tuple[int, int]:
@@ -124,6 +159,7 @@ def _serial(gpu: Gpu) -> str:
 
 
 def _label_value(name: str, options: Options, gpu: Gpu) -> str:
+    name = canonical(name)
     if name == "DCGM_FI_DRIVER_VERSION":
         return options.driver_version
     if name == "DCGM_FI_NVML_VERSION":
@@ -146,6 +182,7 @@ class _GpuPlan:
     labels: GpuLabels
     mig: bool  # MIG on, on a model the catalog knows: one series per instance
     devices: tuple[MigDevice, ...]
+    profiles: tuple[str, ...]  # each device's GPU_I_PROFILE, as the generation names it
     reads: readings.GpuPlan
 
 
@@ -162,8 +199,16 @@ def _plans(node: NodeTopology, options: Options) -> list[_GpuPlan]:
         if mig and model is not None and gpu.mig_devices:
             devices = tuple(sorted(gpu.mig_devices, key=lambda d: _mig_order(model, d)))
         reads = readings.plan_gpu(gpu, model, node.gpu_memory, devices)
-        out.append(_GpuPlan(gpu, labels, mig, devices, reads))
+        profiles = tuple(_profile(model, d.name, options.generation) for d in devices)
+        out.append(_GpuPlan(gpu, labels, mig, devices, profiles, reads))
     return out
+
+
+def _profile(model: GpuModel | None, name: str, generation: Generation) -> str:
+    profile = model.profile(name) if model is not None else None
+    if profile is None:
+        return name
+    return profile_label(generation, name, profile.compute_slices, profile.memory_mib)
 
 
 def _read(
@@ -195,6 +240,7 @@ def _subjects(
     # Static MIG: dcgm-exporter maps instances to pods through the kubelet's pod-resources API.
     # run:ai's dynamic MIG hides them from it, so its series leave the pod labels empty.
     name_holders = options.mig_pod_labels or not node.is_dynamic_mig_enabled
+    attribution = options.attribution
     out: list[Subject] = []
     shape: list[tuple[int, int]] = []
     for g, (plan, (reading, per_instance)) in enumerate(
@@ -202,17 +248,20 @@ def _subjects(
     ):
         instances = [
             InstanceSeries(
-                dev.name, dev.gpu_instance_id, dev.status if name_holders else None, r, dev.id
+                profile, dev.gpu_instance_id, dev.status if name_holders else None, r, dev.id,
+                dev.name,
             )
-            for dev, r in zip(plan.devices, per_instance, strict=True)
-        ]
+            for dev, profile, r in zip(plan.devices, plan.profiles, per_instance, strict=True)
+        ]  # fmt: skip
         subjects = gpu_subjects(
-            plan.labels, reading, plan.gpu.status, instances if plan.mig else None,
-            options.virtual_gpus, options.dra, options.dra_claim_status,
-        )  # fmt: skip
+            plan.labels, reading, plan.gpu.status, instances if plan.mig else None, attribution
+        )
         which = {id(r): k for k, r in enumerate(per_instance)}
         shape += [(g, which.get(id(r), -1)) for _, _, r in subjects]
         out += subjects
+    if options.generation.sorted_output:
+        order = in_output_order(out)
+        out, shape = [out[k] for k in order], [shape[k] for k in order]
     return out, shape
 
 
@@ -255,50 +304,79 @@ def writable(value: float) -> bool:
         return False
 
 
-def value_text(value: float, decimal: bool) -> str | None:
-    """As dcgm-exporter prints a field: an integer bare, a double with six decimals. None for a
+def value_text(value: float, decimal: bool, generation: Generation = DEFAULT) -> str | None:
+    """As the generation's dcgm-exporter prints a field (`Generation.value_text`). None for a
     value that is not `writable`: its series is left out, as dcgm-exporter leaves out a value
     DCGM has not got, rather than fail the scrape of every other series."""
     if not writable(value):
         return None
-    return f"{value:.6f}" if decimal else str(int(value))
+    return generation.value_text(value, decimal)
 
 
 def fragments(node: NodeTopology, options: Options, now: float) -> dict[str, bytes]:
     """The series lines of one node, per family: what `join` puts together."""
-    return subject_fragments(entities(node, options, now), options.counters)
+    return subject_fragments(entities(node, options, now), options)
 
 
-def subject_fragments(subjects: Iterable[Subject], counters: Counters) -> dict[str, bytes]:
+def subject_fragments(subjects: Iterable[Subject], options: Options) -> dict[str, bytes]:
     """The series lines of `entities`' subjects (simulated or read), per family: a value the
     source does not have (None) has no line."""
     subjects = list(subjects)
-    return _families(counters, _label_texts(subjects), [r for _, _, r in subjects])
+    return _families(options, _label_texts(subjects), [r for _, _, r in subjects])
 
 
-def _families(
-    counters: Counters, texts: list[tuple[str, str]], values: list[Reading]
-) -> dict[str, bytes]:
-    """Each family's lines, in the counters' order; a family without a line is left out."""
-    return {c.field.name: lines for c in counters.metrics
-            if (lines := _family(c.field, texts, values))}  # fmt: skip
+# A label text and where DCGM_FI_DEV_XID_ERRORS's err_code and err_msg go in it: among the
+# attributes dcgm-exporter sorts by name (after container and the dra_* labels, before
+# namespace, pod, pod_uid and vgpu).
+LabelText = tuple[str, str, int]  # (kind, text, where err_* go)
+_AFTER_ERR = frozenset({"namespace", "pod", "pod_uid", "vgpu"})
 
 
-def _label_texts(subjects: list[Subject]) -> list[tuple[str, str]]:
-    return [
-        (kind, ",".join(f'{k}="{_escape(v)}"' for k, v in labels)) for kind, labels, _ in subjects
-    ]
+def _label_texts(subjects: list[Subject]) -> list[LabelText]:
+    out = []
+    for kind, labels, _ in subjects:
+        parts = [f'{k}="{_escape(v)}"' for k, v in labels]
+        cut = next((i for i, (k, _) in enumerate(labels) if k in _AFTER_ERR), len(labels))
+        head = ",".join(parts[:cut])
+        out.append((kind, ",".join(parts), len(head)))
+    return out
 
 
-def _family(f: Field, texts: list[tuple[str, str]], values: list[Reading]) -> bytes:
-    lines = [
-        f"{f.name}{{{text}}} {sample}\n"
-        for (kind, text), reading in zip(texts, values, strict=True)
-        if kind in f.where
-        and (value := f.read(reading)) is not None
-        and (sample := value_text(value, f.decimal)) is not None
-    ]
+def _families(options: Options, texts: list[LabelText], values: list[Reading]) -> dict[str, bytes]:
+    """Each family's lines; a family without a line is left out."""
+    generation = options.generation
+    return {c.name: lines for c in options.counters.metrics
+            if (lines := _family(c, texts, values, generation))}  # fmt: skip
+
+
+def _family(
+    c: Counter, texts: list[LabelText], values: list[Reading], generation: Generation
+) -> bytes:
+    f, scale = c.field, c.scale
+    decimal = f.decimal or not float(scale).is_integer()
+    xid = generation.xid_labels and canonical(f.name) == XID_ERRORS
+    lines = []
+    for (kind, text, cut), reading in zip(texts, values, strict=True):
+        if kind not in f.where or (value := f.read(reading)) is None:
+            continue
+        if scale != 1:
+            value = value * scale
+        if (sample := value_text(value, decimal, generation)) is None:
+            continue
+        if xid:
+            text = _with_xid(text, cut, int(value))
+        lines.append(f"{c.name}{{{text}}} {sample}\n")
     return "".join(lines).encode()
+
+
+XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
+
+
+def _with_xid(text: str, cut: int, code: int) -> str:
+    """The label text with err_code and err_msg where dcgm-exporter sorts them."""
+    err = f'err_code="{code}",err_msg="{_escape(xid_text(code))}"'
+    head, tail = text[:cut], text[cut:]
+    return ",".join(p for p in (head, err, tail.lstrip(",")) if p)
 
 
 class NodeSeries:
@@ -318,7 +396,7 @@ class NodeSeries:
         self.node, self.options = node, options
         self._plans = _plans(node, options)
         subjects, self._shape = _subjects(node, self._plans, options, now)
-        self.texts = _label_texts(subjects)  # (kind, label text) of each subject, in order
+        self.texts = _label_texts(subjects)  # (kind, label text, err cut) of each, in order
         self._values = [tuple(r) for _, _, r in subjects]
         self._parts: dict[str, bytes] | None = None
 
@@ -341,33 +419,36 @@ class NodeSeries:
 
     def _write(self) -> dict[str, bytes]:
         values = [Reading._make(v) for v in self._values]
-        return _families(self.options.counters, self.texts, values)
+        return _families(self.options, self.texts, values)
 
     def page(self) -> tuple[bytes, ...]:
         """The node's own page, as its exporter would serve it."""
         parts = self._parts if self._parts is not None else self._write()
-        return join_parts([parts], self.options.counters)
+        return join_parts([parts], self.options)
 
 
 @lru_cache(maxsize=8)
-def _headers(counters: Counters) -> tuple[tuple[str, bytes], ...]:
+def _headers(counters: Counters, by_name: bool) -> tuple[tuple[str, bytes], ...]:
+    metrics = sorted(counters.metrics, key=lambda c: c.name) if by_name else counters.metrics
     return tuple(
         (c.name, f"# HELP {c.name} {help_text(c.help)}\n# TYPE {c.name} {c.type}\n".encode())
-        for c in counters.metrics
+        for c in metrics
     )
 
 
 def join_parts(
-    parts: Iterable[Mapping[str, bytes]], counters: Counters | None = None
+    parts: Iterable[Mapping[str, bytes]], options: Options | None = None
 ) -> tuple[bytes, ...]:
     """Prometheus text format as dcgm-exporter writes it, as the pieces to send in order.
 
     `parts` are `fragments` of one or more nodes; each family is written once, in the counters'
-    order, its series in the order of `parts`. Nothing is copied: many nodes' body is large.
+    order (by name, in a generation that sorts them), its series in the order of `parts`.
+    Nothing is copied: many nodes' body is large.
     """
+    options = options or Options(hostname="")
     parts = list(parts)
     out: list[bytes] = []
-    for name, header in _headers(counters or default_counters()):
+    for name, header in _headers(options.counters, options.generation.sorted_output):
         chunks = [p[name] for p in parts if p.get(name)]
         if chunks:
             out.append(header)
@@ -375,11 +456,11 @@ def join_parts(
     return tuple(out)
 
 
-def join(parts: Iterable[Mapping[str, bytes]], counters: Counters | None = None) -> bytes:
-    return b"".join(join_parts(parts, counters))
+def join(parts: Iterable[Mapping[str, bytes]], options: Options | None = None) -> bytes:
+    return b"".join(join_parts(parts, options))
 
 
 def render(node: NodeTopology | None, options: Options, now: float) -> bytes:
     if node is None:
         return b""
-    return join([fragments(node, options, now)], options.counters)
+    return join([fragments(node, options, now)], options)

@@ -7,10 +7,11 @@ reading that no field serves, stops the exporter there, with what to fix.
 
 A counters CSV is dcgm-exporter's own format (`-f/--collectors FILE`), so users keep the file they
 have: one field a line, `DCGM_FI_…, gauge|counter|label, help`, `#` starts a comment. Metric
-fields become families in the file's order, with the file's type and help; `label` fields become
-labels on every series, after `Hostname`. The default (default-counters.csv beside this module) is
-the field set of the real dumps in samples/mig/metrics/, in their order, with the declared type
-and help of each.
+fields become families, with the file's name, type and help; `label` fields become labels on
+every series, after the hostname. A field is named by its legacy name or by DCGM's newer one
+(`ALIASES`): the name served is the file's, and a base-unit name serves the value in its unit
+(`DCGM_FI_DEV_SM_CLOCK_HERTZ`: the SM clock in Hz), as DCGM watches a field by the id its name
+resolves to. Each dcgm-exporter generation's default file is in counters/ (generations.py).
 
 Where a field is served follows the dumps:
 - GPU: a GPU with MIG off gets every field;
@@ -39,7 +40,7 @@ _EVERYWHERE = frozenset({GPU, MIG, EMPTY})
 _WHOLE = frozenset({GPU})
 _MEMORY = frozenset({GPU, MIG})
 _PCIE = frozenset({GPU, EMPTY})
-DEFAULT_COUNTERS = Path(__file__).with_name("default-counters.csv")
+COUNTERS = Path(__file__).with_name("counters")  # each generation's default fields (generations.py)
 MAX_COUNTERS_BYTES = 1 << 20
 TYPES = ("gauge", "counter", "label")
 
@@ -171,6 +172,8 @@ FIELDS = declare(
             DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL="recoveries"),
     *_zeros("counter", "{}", _EVERYWHERE,
             DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL="Total number of NVLink bandwidth counters for all lanes."),
+    # A GPU without vGPU reads 0, on every MIG instance too (dcgm-exporter #317's real lines).
+    *_zeros("gauge", "{}", _EVERYWHERE, DCGM_FI_DEV_VGPU_LICENSE_STATUS="vGPU License status"),
     Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
           "Number of remapped rows for uncorrectable errors", _WHOLE,
           lambda r: r.remapped_uncorrectable, moves=False),
@@ -215,22 +218,94 @@ LABEL_FIELDS = (
 
 
 @dataclass(frozen=True)
+class Alias:
+    """Another name of a field: DCGM 4.6's canonical name for a legacy one (same id, same unit),
+    or a base-unit field of DCGM 4.6.1/4.7 (its own id: the same quantity, in another unit)."""
+
+    field: str  # the legacy name, as FIELDS and LABEL_FIELDS hold it
+    scale: float = 1  # its value is the legacy field's times this
+
+
+_MIB = float(1 << 20)
+# DCGM's names of the same fields. The pure renames are `#define OLD NEW` in DCGM 4.6.0's
+# dcgm_fields.h (go-dcgm resolves both names to one id); the scaled ones are the base-unit fields
+# dcgm-exporter 4.9.0 serves (its release notes: clocks in Hz, energy in J, utilization ratios,
+# framebuffer bytes, NVLink bytes/s; ids from go-dcgm v1.4611.0 and DCGM 4.7's docs). NVLink's
+# factor is inferred: DCGM computes the legacy value as KiB/s / 1000 (docs/upgrade.md).
+ALIASES = {
+    "DCGM_FI_DEV_SM_CLOCK_HERTZ": Alias("DCGM_FI_DEV_SM_CLOCK", 1e6),
+    "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ": Alias("DCGM_FI_DEV_MEM_CLOCK", 1e6),
+    "DCGM_FI_DEV_MEMORY_TEMP_CELSIUS": Alias("DCGM_FI_DEV_MEMORY_TEMP"),
+    "DCGM_FI_DEV_GPU_TEMP_CELSIUS": Alias("DCGM_FI_DEV_GPU_TEMP"),
+    "DCGM_FI_DEV_BOARD_POWER_WATTS": Alias("DCGM_FI_DEV_POWER_USAGE"),
+    "DCGM_FI_DEV_BOARD_POWER_LIMIT_REQUESTED_WATTS": Alias("DCGM_FI_DEV_POWER_MGMT_LIMIT"),
+    "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL": Alias("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 1e-3),
+    "DCGM_FI_DEV_PCIE_REPLAY_TOTAL": Alias("DCGM_FI_DEV_PCIE_REPLAY_COUNTER"),
+    "DCGM_FI_DEV_GPU_UTIL_RATIO": Alias("DCGM_FI_DEV_GPU_UTIL", 0.01),
+    "DCGM_FI_DEV_MEMORY_UTIL_RATIO": Alias("DCGM_FI_DEV_MEM_COPY_UTIL", 0.01),
+    "DCGM_FI_DEV_ENC_UTIL_RATIO": Alias("DCGM_FI_DEV_ENC_UTIL", 0.01),
+    "DCGM_FI_DEV_DEC_UTIL_RATIO": Alias("DCGM_FI_DEV_DEC_UTIL", 0.01),
+    "DCGM_FI_DEV_XID_ERROR": Alias("DCGM_FI_DEV_XID_ERRORS"),
+    "DCGM_FI_DEV_FB_CAPACITY_BYTES": Alias("DCGM_FI_DEV_FB_TOTAL", _MIB),
+    "DCGM_FI_DEV_FB_FREE_BYTES": Alias("DCGM_FI_DEV_FB_FREE", _MIB),
+    "DCGM_FI_DEV_FB_USED_BYTES": Alias("DCGM_FI_DEV_FB_USED", _MIB),
+    "DCGM_FI_DEV_FB_RESERVED_BYTES": Alias("DCGM_FI_DEV_FB_RESERVED", _MIB),
+    "DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND": Alias(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", 1_024_000
+    ),
+    "DCGM_FI_DEV_PAGE_RETIRED_SBE_TOTAL": Alias("DCGM_FI_DEV_RETIRED_SBE"),
+    "DCGM_FI_DEV_PAGE_RETIRED_DBE_TOTAL": Alias("DCGM_FI_DEV_RETIRED_DBE"),
+    "DCGM_FI_DEV_PAGE_RETIRED_PENDING": Alias("DCGM_FI_DEV_RETIRED_PENDING"),
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL": Alias(
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"
+    ),
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL": Alias(
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"
+    ),
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL": Alias("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"),
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL": Alias(
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"
+    ),
+    "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL": Alias("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"),
+    "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL": Alias("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"),
+    "DCGM_FI_DEV_ROW_REMAP_FAILED": Alias("DCGM_FI_DEV_ROW_REMAP_FAILURE"),
+    "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO": Alias("DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
+    "DCGM_FI_PROF_SM_UTIL_RATIO": Alias("DCGM_FI_PROF_SM_ACTIVE"),
+    "DCGM_FI_PROF_SM_OCCUPANCY_RATIO": Alias("DCGM_FI_PROF_SM_OCCUPANCY"),
+    "DCGM_FI_PROF_TENSOR_UTIL_RATIO": Alias("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
+    "DCGM_FI_PROF_DRAM_UTIL_RATIO": Alias("DCGM_FI_PROF_DRAM_ACTIVE"),
+    "DCGM_FI_PROF_FP64_UTIL_RATIO": Alias("DCGM_FI_PROF_PIPE_FP64_ACTIVE"),
+    "DCGM_FI_PROF_FP32_UTIL_RATIO": Alias("DCGM_FI_PROF_PIPE_FP32_ACTIVE"),
+    "DCGM_FI_PROF_FP16_UTIL_RATIO": Alias("DCGM_FI_PROF_PIPE_FP16_ACTIVE"),
+    "DCGM_FI_SYSTEM_DRIVER_VERSION": Alias("DCGM_FI_DRIVER_VERSION"),
+    "DCGM_FI_SYSTEM_NVML_VERSION": Alias("DCGM_FI_NVML_VERSION"),
+    "DCGM_FI_DEV_GPU_BRAND": Alias("DCGM_FI_DEV_BRAND"),
+    "DCGM_FI_DEV_BOARD_SERIAL": Alias("DCGM_FI_DEV_SERIAL"),
+}
+
+
+def canonical(name: str) -> str:
+    """The legacy name of a field named either way (a label field's value is looked up by it)."""
+    alias = ALIASES.get(name)
+    return alias.field if alias is not None else name
+
+
+@dataclass(frozen=True)
 class Counter:
-    """One selected metric field: its family's name, type and help as the CSV says."""
+    """One selected metric field: its family's name, type and help as the CSV says; the name
+    is the CSV's, as dcgm-exporter serves it, and names the unit (`ALIASES`)."""
 
     field: Field
     type: str
     help: str
-
-    @property
-    def name(self) -> str:
-        return self.field.name
+    name: str
+    scale: float = 1  # the served value is the field's reading times this
 
 
 @dataclass(frozen=True)
 class Counters:
     metrics: tuple[Counter, ...]
-    labels: tuple[str, ...]  # label fields, in the file's order
+    labels: tuple[str, ...]  # label fields as the file names them, in its order
 
 
 class CountersError(Exception):
@@ -254,18 +329,21 @@ def parse_counters(text: str, source: str) -> tuple[Counters, list[str]]:
             continue
         name, kind = parts[0], parts[1]
         help_text = parts[2] if len(parts) == 3 else ""
+        alias = ALIASES.get(name)
+        known = alias.field if alias is not None else name
         if kind not in TYPES:
             warnings.append(
                 f"{where}: {name}: type {kind!r} is not one of {', '.join(TYPES)}: skipped"
             )
         elif name in seen:
             warnings.append(f"{where}: {name} is listed twice: the first is used")
-        elif kind == "label" and name in LABEL_FIELDS:
+        elif kind == "label" and known in LABEL_FIELDS:
             labels.append(name)
-        elif kind != "label" and name in FIELDS:
-            metrics.append(Counter(FIELDS[name], kind, help_text))
-        elif name in FIELDS or name in LABEL_FIELDS:
-            role = "a metric" if name in FIELDS else "a label"
+        elif kind != "label" and known in FIELDS:
+            scale = alias.scale if alias is not None else 1
+            metrics.append(Counter(FIELDS[known], kind, help_text, name, scale))
+        elif known in FIELDS or known in LABEL_FIELDS:
+            role = "a metric" if known in FIELDS else "a label"
             warnings.append(f"{where}: {name} is {role} field, not {kind}: skipped")
         else:
             warnings.append(f"{where}: {name} is not a field this exporter serves: skipped")
@@ -275,7 +353,7 @@ def parse_counters(text: str, source: str) -> tuple[Counters, list[str]]:
     return Counters(tuple(metrics), tuple(labels)), warnings
 
 
-def read_counters(path: Path = DEFAULT_COUNTERS) -> Counters:
+def read_counters(path: Path) -> Counters:
     """Read a counters CSV, logging each skipped line; CountersError when it cannot be used."""
     source = f"counters file {path}"
     try:

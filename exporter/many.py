@@ -29,7 +29,6 @@ from functools import partial
 from itertools import islice
 
 from exporter import dcgm
-from exporter.fields import Counters
 from exporter.health import Health
 from exporter.loop import RenderLoop
 from exporter.node import node_of
@@ -130,7 +129,7 @@ class ServedNodes(RenderLoop):
         # A copy, not sorted: a step publishes 20 times at 5,000 nodes, and only the whole body
         # (rarely asked for at that size) needs the names in order.
         pages = dict(self._series)
-        whole = partial(_whole, pages, self.options.counters)
+        whole = partial(_whole, pages, self.options)
         return Snapshot((), healthy, reason, own, ready, pages, whole, complete)
 
     def due_in(self) -> float:
@@ -170,9 +169,9 @@ class ServedNodes(RenderLoop):
             self.options.energy.drop(hostname, gpu_ids)
 
 
-def _whole(pages: dict[str, dcgm.NodeSeries], counters: Counters) -> tuple[bytes, ...]:
+def _whole(pages: dict[str, dcgm.NodeSeries], options: dcgm.Options) -> tuple[bytes, ...]:
     """`/metrics`: every node's families, family by family, nodes in name order."""
-    return dcgm.join_parts((pages[name].parts() for name in sorted(pages)), counters)
+    return dcgm.join_parts((pages[name].parts() for name in sorted(pages)), options)
 
 
 def _progress(done: int, total: int) -> str:

@@ -29,8 +29,9 @@ from typing import Any
 
 from common.text import one_line
 from exporter import dcgm
+from exporter.fields import canonical
 from exporter.readings import Reading
-from exporter.series import InstanceSeries, Labels, Subject, gpu_subjects
+from exporter.series import InstanceSeries, Labels, Subject, gpu_subjects, in_output_order
 from topology.model import NodeTopology
 
 MIB = 1 << 20
@@ -302,7 +303,7 @@ def _label_fields(sample: NodeSample, gpu: GpuSample, options: dcgm.Options) -> 
         "DCGM_FI_DEV_BRAND": gpu.brand,
         "DCGM_FI_DEV_SERIAL": gpu.serial,
     }
-    return tuple((name, values[name]) for name in options.counters.labels)
+    return tuple((name, values[canonical(name)]) for name in options.counters.labels)
 
 
 def _reading(values: dict[str, int | float], memory: Memory | None = None) -> Reading:
@@ -333,20 +334,27 @@ def entities(
         # The pods of its instances, by GPU instance id, where they are named.
         named = {d.gpu_instance_id: d for d in known.mig_devices or ()} if known else {}
         instances = [
-            InstanceSeries(i.profile, i.gpu_instance_id,
+            InstanceSeries(_profile(i, options),  i.gpu_instance_id,
                            d.status if (d := named.get(i.gpu_instance_id)) and name_holders else None,
-                           _reading(gpu.values, i.memory), d.id if d else None)
+                           _reading(gpu.values, i.memory), d.id if d else None, i.profile)
             for i in gpu.instances
         ]  # fmt: skip
         status = known.status if known else None
         reading = _reading(gpu.values)
         out += gpu_subjects(
-            labels, reading, status, instances if gpu.mig else None, options.virtual_gpus,
-            options.dra, options.dra_claim_status,
-        )  # fmt: skip
+            labels, reading, status, instances if gpu.mig else None, options.attribution
+        )
+    if options.generation.sorted_output:
+        out = [out[k] for k in in_output_order(out)]
     return out
 
 
+def _profile(instance: Instance, options: dcgm.Options) -> str:
+    """GPU_I_PROFILE as the generation names it. DCGM's name needs the profile's memory, which
+    NVML gives the instance's memory as (its total)."""
+    slices = int(instance.profile.split("g.", 1)[0]) if "g." in instance.profile else 0
+    return dcgm.profile_label(options.generation, instance.profile, slices, instance.memory.total)
+
+
 def render(sample: NodeSample, options: dcgm.Options, node: NodeTopology | None = None) -> bytes:
-    return dcgm.join([dcgm.subject_fragments(entities(sample, options, node), options.counters)],
-                     options.counters)  # fmt: skip
+    return dcgm.join([dcgm.subject_fragments(entities(sample, options, node), options)], options)

@@ -7,8 +7,10 @@ samples/mig/metrics/ show:
     gpu, UUID, device, modelName, [GPU_I_PROFILE, GPU_I_ID,] Hostname, <label fields>,
     container, namespace, pod, [vgpu]
 
-and dcgm-exporter 4.8's (`--dcgm-exporter-version 4.8`) adds `pci_bus_id` after `UUID` and names
-`hostname` in lower case (dra.md's real line).
+and from 4.8.3 (generations.py) `pci_bus_id` after `UUID`, `hostname` in lower case, and the
+pod labels after the label fields in name order, as dcgm-exporter's attributes (dra.md's real
+line); a device nobody holds then has no pod labels at all. `in_output_order` is the order of
+its series from 4.8.3: by label signature.
 
 A GPU with MIG off has its own series, once per pod label set (`holders`); a GPU with MIG on has
 one series per instance, or with no instance its GPU-level series only, with empty pod labels.
@@ -41,19 +43,46 @@ class GpuLabels:
     model: str  # `modelName`, as NVML names it
     hostname: str
     fields: Labels  # the counters' label fields, after `Hostname`
-    pci_bus_id: str | None = None  # dcgm-exporter 4.8's `pci_bus_id` (NVML's form); None: none
-    hostname_label: str = "Hostname"  # `hostname` from dcgm-exporter 4.8
+    pci_bus_id: str | None = None  # `pci_bus_id` (NVML's form), from 4.x; None: none
+    hostname_label: str = "Hostname"  # `hostname` from dcgm-exporter 4.8.3
 
 
 @dataclass(frozen=True)
 class InstanceSeries:
     """One MIG instance of a GPU: its labels, the device whose pods name it, its values."""
 
-    profile: str  # `GPU_I_PROFILE`, e.g. 1g.5gb
+    profile: str  # `GPU_I_PROFILE` as the generation names it, e.g. 1g.5gb
     gpu_instance_id: int  # `GPU_I_ID`
     status: DeviceStatus | None  # None where its pods are not named (dynamic MIG)
     reading: Reading
     uuid: str | None = None  # its `MIG-` id, where known: `dra_mig_device_uuid`
+    nvml_profile: str | None = None  # NVML's name, `dra_mig_profile` (the driver's); None: profile
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attribution:
+    """How a device's series name the pods holding it (dcgm-exporter's Kubernetes options, and
+    what its generation does with a free device)."""
+
+    virtual_gpus: bool = False  # --kubernetes-virtual-gpus: one copy per replica held
+    dra: bool = False  # --kubernetes-enable-dra: one copy per pod container a claim gives it
+    claim_status: bool = False  # DynamicMIG instances attributed through the claim's status
+    free_pod_labels: bool = True  # a free device: container/namespace/pod="" (else none)
+    dra_uuid_always: bool = True  # dra_mig_device_uuid="" where unknown (4.8.4: left out)
+
+
+def in_output_order(subjects: Sequence[Subject]) -> list[int]:
+    """The order dcgm-exporter (from 4.8.3) writes a family's series in: by label signature,
+    the labels sorted by name, each written `<len>:<name>=<len>:<value>;` with byte lengths
+    (its render_metrics.go labelSignature), compared as bytes."""
+
+    def signature(k: int) -> bytes:
+        return b"".join(
+            b"%d:%s=%d:%s;" % (len(n), n, len(v), v)
+            for n, v in sorted((n.encode(), v.encode()) for n, v in subjects[k][1])
+        )
+
+    return sorted(range(len(subjects)), key=signature)
 
 
 def gpu_subjects(
@@ -61,9 +90,7 @@ def gpu_subjects(
     reading: Reading,
     status: DeviceStatus | None,
     instances: Sequence[InstanceSeries] | None,
-    virtual_gpus: bool,
-    dra: bool = False,
-    claim_status: bool = False,
+    attribution: Attribution,
 ) -> list[Subject]:
     """The series subjects of one GPU: its own with MIG off (`instances` None, `status` naming
     its pods), else one per instance, or its GPU-level one when it has no instance. With `dra`
@@ -73,16 +100,18 @@ def gpu_subjects(
     base = (("gpu", str(gpu.index)), ("UUID", gpu.uuid), *bus, ("device", f"nvidia{gpu.minor}"),
             ("modelName", gpu.model))  # fmt: skip
     tail = ((gpu.hostname_label, gpu.hostname), *gpu.fields)
+    a = attribution
     if instances is None:
-        pods = dra_holders(status, None, claim_status) if dra else []
-        pods = pods or holders(status, virtual_gpus)
+        pods = dra_holders(status, None, a) if a.dra else []
+        pods = pods or holders(status, a)
         return [(GPU, base + tail + pod, reading) for pod in pods]
-    out: list[Subject] = [] if instances else [(EMPTY, base + tail + holder(None), reading)]
+    free = holder(None, a.free_pod_labels)
+    out: list[Subject] = [] if instances else [(EMPTY, base + tail + free, reading)]
     for inst in instances:
         mig = (("GPU_I_PROFILE", inst.profile), ("GPU_I_ID", str(inst.gpu_instance_id)))
-        named = (inst.uuid or "", inst.profile)
-        pods = dra_holders(inst.status, named, claim_status) if dra else []
-        pods = pods or holders(inst.status, virtual_gpus)
+        named = (inst.uuid or "", inst.nvml_profile or inst.profile)
+        pods = dra_holders(inst.status, named, a) if a.dra else []
+        pods = pods or holders(inst.status, a)
         out += [(MIG, base + mig + tail + pod, inst.reading) for pod in pods]
     return out
 
@@ -105,7 +134,7 @@ def _unattributed(c: DraClaim) -> None:
 
 
 def dra_holders(
-    status: DeviceStatus | None, mig: tuple[str, str] | None, claim_status: bool = False
+    status: DeviceStatus | None, mig: tuple[str, str] | None, attribution: Attribution
 ) -> list[Labels]:
     """One label set per pod container a DRA claim gives the device, in dcgm-exporter's order
     (its attributes sorted by name); `mig` is a MIG device's (uuid, profile). A holder a
@@ -115,7 +144,7 @@ def dra_holders(
     status names it (the driver's #1456), and it has them."""
     out: list[Labels] = []
     for c in status.dra_claims if status else ():
-        if c.made and not claim_status:
+        if c.made and not attribution.claim_status:
             _unattributed(c)
             continue
         a = c.holder
@@ -123,15 +152,19 @@ def dra_holders(
                   ("dra_claim_namespace", c.claim_namespace), ("dra_device_name", c.device),
                   ("dra_driver_name", dra.DRIVER)]  # fmt: skip
         if mig is not None:
-            labels += [("dra_mig_device_uuid", mig[0]), ("dra_mig_profile", mig[1])]
+            if mig[0] or attribution.dra_uuid_always:
+                labels.append(("dra_mig_device_uuid", mig[0]))
+            labels.append(("dra_mig_profile", mig[1]))
         labels += [("dra_pool_name", c.pool), ("namespace", a.namespace), ("pod", a.pod)]
         out.append(tuple(labels))
     return list(dict.fromkeys(out))
 
 
-def holder(status: DeviceStatus | None) -> Labels:
-    """container, namespace, pod of the pod holding a device (empty when free)."""
-    return _pod_labels(status.allocated_by if status else None)
+def holder(status: DeviceStatus | None, free_pod_labels: bool = True) -> Labels:
+    """container, namespace, pod of the pod holding a device; a free device's are empty, or
+    left out where the generation leaves them out."""
+    a = status.allocated_by if status else None
+    return _pod_labels(a) if a is not None or free_pod_labels else ()
 
 
 def _pod_labels(a: AllocatedBy | None) -> Labels:
@@ -139,10 +172,10 @@ def _pod_labels(a: AllocatedBy | None) -> Labels:
     return tuple(zip(("container", "namespace", "pod"), values, strict=True))
 
 
-def holders(status: DeviceStatus | None, virtual_gpus: bool) -> list[Labels]:
+def holders(status: DeviceStatus | None, attribution: Attribution) -> list[Labels]:
     """The pod labels of a device's series: one set (the pod holding it, or one of the pods
     sharing it), or in virtual-GPU mode one per replica held, each with its `vgpu` after the
     pod labels, where dcgm-exporter's sorted attributes put it."""
-    if virtual_gpus and status is not None and status.replicas:
+    if attribution.virtual_gpus and status is not None and status.replicas:
         return [(*_pod_labels(r.holder), ("vgpu", str(r.index))) for r in status.replicas]
-    return [holder(status)]
+    return [holder(status, attribution.free_pod_labels)]

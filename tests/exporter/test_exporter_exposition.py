@@ -71,7 +71,9 @@ METRICS = [name for name, f in FIELDS.items() if GPU in f.where]
 @given(st.lists(HELPS, min_size=1, max_size=6))
 def test_any_help_text_is_valid_exposition_and_reads_back(helps: list[str]) -> None:
     counters = Counters(
-        tuple(Counter(FIELDS[name], "gauge", h) for name, h in zip(METRICS, helps, strict=False)),
+        tuple(
+            Counter(FIELDS[name], "gauge", h, name) for name, h in zip(METRICS, helps, strict=False)
+        ),
         ("DCGM_FI_DRIVER_VERSION",),
     )
     node = whole_gpu(50, 50).nodes["n"]
@@ -103,9 +105,10 @@ def test_a_value_that_is_no_finite_float_is_left_out_and_the_rest_served(
     """Every field of every reading, from either source: NaN, infinities, integers past a
     float's range are left out (a series DCGM has no value for); every other value is served."""
     reading = Reading(**values)
-    every = Counters(tuple(Counter(f, "gauge", "x") for f in FIELDS.values()), ())
+    every = Counters(tuple(Counter(f, "gauge", "x", f.name) for f in FIELDS.values()), ())
+    options = dcgm.Options(hostname="h", counters=every)
     labels = (("gpu", "0"), ("Hostname", "h"))
-    text = dcgm.join([dcgm.subject_fragments([(GPU, labels, reading)], every)], every).decode()
+    text = dcgm.join([dcgm.subject_fragments([(GPU, labels, reading)], options)], options).decode()
     served = {s.name: s.value for s in parse(text)}
     expected = {
         f.name: f.read(reading) for f in FIELDS.values() if GPU in f.where

@@ -28,6 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter import cli, dcgm, nvml
+from exporter.generations import G483
 from exporter.cli import parser
 from exporter.collector import NvmlExporter
 from exporter.fields import parse_counters
@@ -187,7 +188,7 @@ def test_a_counters_file_selects_the_fields_and_nvml_fills_the_label_fields(
 
 def test_dcgm_exporter_4_8s_labels_carry_nvmls_bus_address(fake: FakeNvml) -> None:
     fake.gpus[1].bus_id = b"00000000:D8:00.0"
-    series = read(fake, dcgm.Options("node-a", exporter_version="4.8"))
+    series = read(fake, dcgm.Options("node-a", generation=G483))
     assert series[0].label_names[:5] == ("gpu", "UUID", "pci_bus_id", "device", "modelName")
     buses = {s.label("gpu"): s.label("pci_bus_id") for s in series}
     assert buses == {"0": "00000000:07:00.0", "1": "00000000:D8:00.0"}

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from exporter import dcgm, nvml
+from exporter.generations import generation
 from tests.support.base import ROOT
 from tests.support.nvmlreplay import Replay
 from tests.support.promtext import duplicates, parse, promtool_findings
@@ -31,7 +32,7 @@ def _render(folder: Path, monkeypatch: pytest.MonkeyPatch, version: str) -> str:
     replay.install(monkeypatch.setattr)
     nv = nvml.open_nvml()
     sample = nvml.collect(nv)
-    options = dcgm.Options(hostname=replay.hostname, exporter_version=version)
+    options = dcgm.Options(hostname=replay.hostname, generation=generation(version))
     return nvml.render(sample, options).decode()
 
 
@@ -43,12 +44,16 @@ def _smi(folder: Path) -> dict[str, str]:
     return dict(zip(rows[0], rows[1], strict=True))
 
 
-@pytest.mark.parametrize("folder", RECORDINGS, ids=lambda p: p.name)
-@pytest.mark.parametrize("version", dcgm.EXPORTER_VERSIONS)
+RENDERED = [(folder, path) for folder in RECORDINGS for path in sorted(folder.glob("metrics-*.txt"))]
+
+
+@pytest.mark.parametrize(("folder", "rendered"), RENDERED, ids=lambda p: p.name)
 def test_replayed_answers_render_what_the_gpu_machine_served(
-    folder: Path, version: str, monkeypatch: pytest.MonkeyPatch
+    folder: Path, rendered: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert _render(folder, monkeypatch, version) == (folder / f"metrics-{version}.txt").read_text()
+    """Each generation's exposition, as the exporter rendered it on the GPU machine."""
+    version = rendered.stem.removeprefix("metrics-")
+    assert _render(folder, monkeypatch, version) == rendered.read_text()
 
 
 @pytest.mark.parametrize("folder", RECORDINGS, ids=lambda p: p.name)
@@ -56,7 +61,7 @@ def test_the_labels_are_what_nvidia_smi_says_of_the_gpu(
     folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     smi = _smi(folder)
-    series = parse(_render(folder, monkeypatch, "4.8"))
+    series = parse(_render(folder, monkeypatch, "4.8.3"))
     clock = next(s for s in series if s.name == "DCGM_FI_DEV_SM_CLOCK")
     assert clock.label("modelName") == smi["name"]
     assert clock.label("pci_bus_id") == smi["pci.bus_id"]

@@ -20,6 +20,7 @@ import yaml
 from freezegun import freeze_time
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.generations import G483
 from exporter import cli, dcgm
 from exporter.many import NodesExporter
 from exporter.shards import Shard, ordinal, shard_of
@@ -316,7 +317,7 @@ def step_cases() -> list[Any]:
     nodes = [*MIG.nodes.values(), *whole_gpu(50, 70).nodes.values()]
     nodes += [r for s in (static, dra) for r in s.results.values() if isinstance(r, NodeTopology)]
     options = [OPTIONS, dcgm.Options("h", "535.104.05", mig_pod_labels=True, virtual_gpus=True),
-               dcgm.Options("h", "580.65.06", exporter_version="4.8", dra=True)]  # fmt: skip
+               dcgm.Options("h", "580.65.06", generation=G483, dra=True)]  # fmt: skip
     return [pytest.param(n, o, id=f"{i}-{j}") for i, n in enumerate(nodes)
             for j, o in enumerate(options)]  # fmt: skip
 

@@ -50,6 +50,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import dcgm
+from exporter.generations import DEFAULT
 from status_updater.state import ClusterState
 from tests.support.base import ROOT, SAMPLES, _in_process, examples, run_cli
 from tests.support.producers import (
@@ -77,6 +78,7 @@ from tests.support.producers import (
     sanitize_label_value,
 )
 from tests.support.promtext import Series, by_name, duplicates, parse, promtool_findings
+from topology.catalog import model_for_product
 
 SEED = 21  # the issue's number: any fixed seed makes `make test` deterministic
 FB_USED = "DCGM_FI_DEV_FB_USED"  # served once per MIG instance and once per MIG-off GPU
@@ -614,6 +616,23 @@ def test_fake_gpu_operator_profile_ids_are_reported_once_per_node(
 # --- what a user checks, node by node ------------------------------------------------------------
 
 
+def gpu_model(series: list[Series]) -> str:
+    return next((s.label("modelName") for s in series), "")
+
+
+def dcgm_names(model_name: str) -> tuple[dict[str, str], dict[str, str]]:
+    """NVML's profile names -> DCGM's (the default generation's GPU_I_PROFILE), and back (a
+    `+me` profile shares its base profile's DCGM name: back to the base)."""
+    model = model_for_product(model_name.replace(" ", "-"))
+    if model is None:
+        return {}, {}
+    model = model.for_driver(dcgm.DEFAULT_DRIVER_VERSION)
+    named = {p.name: dcgm.profile_label(DEFAULT, p.name, p.compute_slices, p.memory_mib)
+             for p in model.profiles}  # fmt: skip
+    back = {label: name for name, label in reversed(named.items())}
+    return named, back
+
+
 def gpu_problems(case: Case, series: list[Series]) -> list[str]:
     """The node's GPUs; one series per MIG instance with its profile and GI id; (GPU, GI) once
     per family; the GI ids those the driver gives, decoding to a placement that fits (the
@@ -635,9 +654,14 @@ def gpu_problems(case: Case, series: list[Series]) -> list[str]:
             continue
         if len(instances) != len(fb) or any("GPU_I_ID" not in s.label_names for s in fb):
             problems.append(f"GPU {gpu}: a series without GPU_I_PROFILE and GPU_I_ID")
+        # The default generation names a profile as DCGM does (`7g.79gb` for NVML's 7g.80gb).
+        named, nvml_name = dcgm_names(mine[0].label("modelName"))
         got = Counter(s.label("GPU_I_PROFILE") for s in instances)
-        if got != Counter(want.counts):
-            problems.append(f"GPU {gpu}: instances {dict(got)}, expected {dict(want.counts)}")
+        expected: Counter[str] = Counter()
+        for p, n in want.counts.items():
+            expected[named.get(p, p)] += n
+        if got != expected:
+            problems.append(f"GPU {gpu}: instances {dict(got)}, expected {dict(expected)}")
         repeated = [
             name for name in sorted({s.name for s in mine}) if repeats_gi(by_name(mine, name))
         ]
@@ -646,9 +670,12 @@ def gpu_problems(case: Case, series: list[Series]) -> list[str]:
             problems.append(
                 f"GPU {gpu}: GPU_I_ID repeated in {len(repeated)} families ({repeated[0]} ...): {ids}"
             )
-        pairs = [(s.label("GPU_I_PROFILE"), int(s.label("GPU_I_ID"))) for s in instances]
+        pairs = [(nvml_name.get(p, p), int(s.label("GPU_I_ID")))
+                 for s in instances for p in [s.label("GPU_I_PROFILE")]]  # fmt: skip
+        placed = None if want.placed is None else tuple(
+            (start, nvml_name.get(named.get(p, p), p)) for start, p in want.placed)  # fmt: skip
         if not any(
-            fitting(case.model, pairs, swapped, want.placed) for swapped in orientations(case.model)
+            fitting(case.model, pairs, swapped, placed) for swapped in orientations(case.model)
         ):
             problems.append(
                 f"GPU {gpu}: (profile, GI) {sorted(pairs)} are no placement of "
@@ -701,7 +728,7 @@ def uuid_problems(case: Case, topology: Mapping[str, Any], series: list[Series])
         (dev,) = devices
         labels = {
             ("UUID", gpu["id"]),
-            ("GPU_I_PROFILE", dev["name"]),
+            ("GPU_I_PROFILE", dcgm_names(gpu_model(series))[0].get(dev["name"], dev["name"])),
             ("GPU_I_ID", str(dev["gpu-instance-id"])),
         }
         found = [s for s in fb if labels <= set(s.labels)]
@@ -725,10 +752,12 @@ def pod_problems(case: Case, topology: Mapping[str, Any], series: list[Series]) 
         profiles = {
             s.label("GPU_I_PROFILE") if "GPU_I_PROFILE" in s.label_names else None for s in held
         }
-        if len(held) != want.count or profiles != {want.profile}:
+        named = dcgm_names(gpu_model(series))[0]
+        expected = named.get(want.profile, want.profile) if want.profile else want.profile
+        if len(held) != want.count or profiles != {expected}:
             problems.append(
                 f"{want.pod}/{want.container}: {len(held)} x {profiles}, expected "
-                f"{want.count} x {want.profile}"
+                f"{want.count} x {expected}"
             )
         if want.at is not None and held:
             index, start = want.at

@@ -24,6 +24,7 @@ from typing import Any
 import pynvml
 
 from exporter import dcgm, nvml
+from exporter.generations import GENERATIONS
 from tests.support.fakenvml import FUNCTIONS
 
 
@@ -109,9 +110,9 @@ def main(argv: list[str]) -> int:
     sample = nvml.collect(nv)
     calls = list(recorder.calls)
     hostname = socket.gethostname()
-    for version in dcgm.EXPORTER_VERSIONS:
-        options = dcgm.Options(hostname=hostname, exporter_version=version)
-        (out / f"metrics-{version}.txt").write_bytes(nvml.render(sample, options))
+    for generation in GENERATIONS:
+        options = dcgm.Options(hostname=hostname, generation=generation)
+        (out / f"metrics-{generation.name}.txt").write_bytes(nvml.render(sample, options))
     document = {
         "hostname": hostname,
         "pynvml": getattr(pynvml, "__version__", None),
