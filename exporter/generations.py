@@ -30,12 +30,12 @@ def printf_value(value: float, decimal: bool) -> str:
 
 
 def go_value(value: float, decimal: bool) -> str:
-    """dcgm-exporter from 4.8.3: the collector's string parsed to a float64 and written by
-    prometheus/common's expfmt, `strconv.AppendFloat(f, 'g', -1, 64)`: the shortest digits
-    that read back the same, in exponent form from 1e+06 and below 1e-04 (Go's 'g' with
-    shortest precision switches at exponent 6)."""
-    del decimal  # an integer and a double print alike once they are float64
-    f = float(value)
+    """dcgm-exporter from 4.8.3: the collector's string (`%d`, or `%f` for a double: six
+    decimals) parsed to a float64 and written by prometheus/common's expfmt,
+    `strconv.AppendFloat(f, 'g', -1, 64)`: the shortest digits that read back the same, in
+    exponent form from 1e+06 and below 1e-04 (Go's 'g' with shortest precision switches at
+    exponent 6): `115.325`, `0`, `4.335301032e+09`."""
+    f = float(f"{value:.6f}") if decimal else float(value)
     if f == 0:
         return "0"
     if f.is_integer() and -1e6 < f < 1e6:

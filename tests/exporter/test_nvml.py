@@ -28,10 +28,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter import cli, dcgm, nvml
-from exporter.generations import G483
 from exporter.cli import parser
 from exporter.collector import NvmlExporter
 from exporter.fields import parse_counters
+from exporter.generations import G483
 from status_updater.state import reconcile
 from tests.live.test_live import running
 from tests.pipeline.test_cli import free_port, get

@@ -44,7 +44,9 @@ def _smi(folder: Path) -> dict[str, str]:
     return dict(zip(rows[0], rows[1], strict=True))
 
 
-RENDERED = [(folder, path) for folder in RECORDINGS for path in sorted(folder.glob("metrics-*.txt"))]
+RENDERED = [
+    (folder, path) for folder in RECORDINGS for path in sorted(folder.glob("metrics-*.txt"))
+]
 
 
 @pytest.mark.parametrize(("folder", "rendered"), RENDERED, ids=lambda p: p.name)

@@ -20,8 +20,8 @@ import yaml
 from freezegun import freeze_time
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.generations import G483
 from exporter import cli, dcgm
+from exporter.generations import G483
 from exporter.many import NodesExporter
 from exporter.shards import Shard, ordinal, shard_of
 from exporter.sources import watch_own_statefulset

@@ -1,0 +1,302 @@
+"""Every dcgm-exporter generation (`--dcgm-exporter-version`) against its facts.
+
+Goldens are real lines from dcgm-exporter's issues and PRs, or, where no released image was ever
+quoted, lines its code at the release writes (each says which). Every sample node is served in
+every generation as a valid exposition, and a property holds the generations to the table: on
+any node they serve the same series, differing only in names, units, labels and format as their
+rows say.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from functools import cache
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exporter import dcgm
+from exporter.fields import ALIASES, canonical
+from exporter.generations import (
+    DEFAULT,
+    G483,
+    G484,
+    G490,
+    GENERATIONS,
+    Generation,
+    generation,
+    go_value,
+)
+from tests.support.base import examples, run_cli
+from tests.support.promtext import Series, duplicates, parse, promtool_findings
+from topology.catalog import MODELS, GpuModel
+from topology.configmap import parse_document
+from topology.model import (
+    AllocatedBy,
+    DeviceStatus,
+    Gpu,
+    MigDevice,
+    NodeTopology,
+    PodUsage,
+    Utilization,
+)
+
+NOW = 1_790_000_000.0
+SAMPLES = (
+    "--nodes", "samples/mig/nodes", "samples/mig/static/nodes", "samples/mig/whole-gpu",
+    "samples/mig/sharing/a100-40gb-time-sliced.yaml", "samples/mig/dra/nodes.yaml",
+    "--pods", "samples/mig/pods", "samples/mig/static/pods", "samples/mig/sharing/pods.yaml",
+    "samples/mig/dra/pods.yaml", "--claims", "samples/mig/dra/claims.yaml",
+)  # fmt: skip
+
+
+@cache
+def sample_nodes() -> dict[str, NodeTopology]:
+    done = run_cli("status_updater", "render", *SAMPLES)
+    assert done.returncode == 0, done.stderr
+    return dict(parse_document(done.stdout, "samples").nodes)
+
+
+def serve(node: NodeTopology, g: Generation, **options: bool) -> str:
+    dra = options.pop("dra", g.dra and any(
+        d.status and d.status.dra_claims for gpu in node.gpus
+        for d in (gpu, *(gpu.mig_devices or ()))))  # fmt: skip
+    return dcgm.render(node, dcgm.Options("node-a", generation=g, dra=dra, **options), NOW).decode()
+
+
+# --- goldens -------------------------------------------------------------------------------------
+
+# A whole GPU nobody holds, on a 4.8.3-era build (dcgm-exporter PR #664, DRA on an A30; that
+# build's counters file had no DCGM_FI_DRIVER_VERSION row): no pod labels at all.
+PR_664_FREE = (
+    'DCGM_FI_DEV_SM_CLOCK{gpu="0",UUID="GPU-f50641a9-38d7-6df1-0bec-e661b4ca1847",'
+    'pci_bus_id="00000000:3B:00.0",device="nvidia0",modelName="NVIDIA A30",'
+    'hostname="nim-operator-72q5r53"} 210'
+)
+# Template-era lines (pre-4.8.3): DCGM's profile names, which 4.8.4 replaced by NVML's.
+ISSUE_713 = (
+    'GPU_I_PROFILE="7g.79gb"'  # an A100 80GB PCIe configured all-7g.80gb (gpu-operator #687)
+)
+ISSUE_544 = 'GPU_I_PROFILE="1g.11gb"'  # an H100 NVL configured all-1g.12gb
+
+
+def whole_gpu_node(product: str, held: bool = False) -> NodeTopology:
+    status = DeviceStatus(AllocatedBy("ns", "p", "c")) if held else None
+    return NodeTopology(1, 24_576, product, gpus=(Gpu("GPU-f50641a9", status),))
+
+
+def mig_node(product: str, profile: str) -> NodeTopology:
+    model = next(m for m in MODELS if product in m.product_labels)
+    p = model.profile(profile)
+    assert p is not None
+    dev = MigDevice(profile, p.placements[0], model.gpu_instance_id(p, p.placements[0]))
+    return NodeTopology(1, model.total_memory_mib, product, gpus=(Gpu("GPU-1", None, (dev,)),))
+
+
+def labels_of(text: str, family: str) -> list[Series]:
+    return [s for s in parse(text) if s.name == family]
+
+
+@pytest.mark.parametrize("g", [G483, G484, G490], ids=lambda g: g.name)
+def test_a_free_gpu_is_labelled_as_the_real_4_8_3_era_line(g: Generation) -> None:
+    (real,) = parse(f"# TYPE DCGM_FI_DEV_SM_CLOCK gauge\n{PR_664_FREE}\n")
+    text = serve(whole_gpu_node("NVIDIA-A30"), g)
+    clock = next(s for s in parse(text) if canonical(s.name) == "DCGM_FI_DEV_SM_CLOCK")
+    driver_label = next(n for n in clock.label_names if canonical(n) == "DCGM_FI_DRIVER_VERSION")
+    assert [n for n in clock.label_names if n != driver_label] == list(real.label_names)
+
+
+def test_2022_names_a_free_gpus_pods_empty_as_the_run_ai_dumps() -> None:
+    (clock, *_) = labels_of(serve(whole_gpu_node("NVIDIA-A30"), DEFAULT), "DCGM_FI_DEV_SM_CLOCK")
+    assert [(n, clock.label(n)) for n in ("container", "namespace", "pod")] == [
+        ("container", ""), ("namespace", ""), ("pod", "")]  # fmt: skip
+    assert "pci_bus_id" not in clock.label_names and "Hostname" in clock.label_names
+
+
+@pytest.mark.parametrize(
+    ("product", "profile", "golden"),
+    [("NVIDIA-A100-80GB-PCIe", "7g.80gb", ISSUE_713), ("NVIDIA-H100-NVL", "1g.12gb", ISSUE_544)],
+)
+def test_up_to_4_8_3_a_profile_is_dcgms_name_from_4_8_4_nvmls(
+    product: str, profile: str, golden: str
+) -> None:
+    for g in (DEFAULT, G483):
+        assert golden in serve(mig_node(product, profile), g), g.name
+    for g in (G484, G490):
+        text = serve(mig_node(product, profile), g)
+        assert f'GPU_I_PROFILE="MIG {profile}"' in text, g.name
+
+
+def test_an_a100_40gbs_profiles_are_the_same_in_dcgm_and_nvml() -> None:
+    """The run:ai dumps' names (DCGM's), which the design card's samples show."""
+    for p in ("1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"):
+        assert f'GPU_I_PROFILE="{p}"' in serve(mig_node("NVIDIA-A100-SXM4-40GB", p), DEFAULT)
+
+
+@pytest.mark.parametrize(
+    ("value", "decimal", "text"),
+    [(0, False, "0"), (1410, False, "1410"), (999_999, False, "999999"),
+     (1_000_000, False, "1e+06"), (4_335_301_032, False, "4.335301032e+09"),
+     (115.325, True, "115.325"), (302.206, True, "302.206"), (0.1234567, True, "0.123457"),
+     (0.00001, True, "1e-05"), (0.0001, True, "0.0001"), (1.41e9, True, "1.41e+09"),
+     (1, True, "1"), (-1, False, "-1")],
+)  # fmt: skip
+def test_values_from_4_8_3_are_gos_shortest_form(value: float, decimal: bool, text: str) -> None:
+    """The collector's `%d`/`%f` string, parsed to a float64 and written by expfmt with
+    `strconv.AppendFloat(f, 'g', -1, 64)` (its writeFloat). Go's rule, applied by hand: no Go
+    toolchain could run here."""
+    assert go_value(value, decimal) == text
+
+
+def test_the_xid_series_carries_err_code_and_err_msg_among_the_sorted_attributes() -> None:
+    """Written from 4.8.3's code (collector toMetric; no real 4.8.x XID line was ever quoted):
+    after the label fields, before namespace and pod."""
+    node = whole_gpu_node("NVIDIA-A30", held=True)
+    (xid,) = labels_of(serve(node, G483), "DCGM_FI_DEV_XID_ERRORS")
+    assert xid.label_names[-5:] == ("container", "err_code", "err_msg", "namespace", "pod")
+    assert (xid.label("err_code"), xid.label("err_msg"), xid.value) == ("0", "No Error", 0)
+    assert "err_code" not in serve(node, DEFAULT)
+
+
+def test_families_by_name_and_series_by_label_signature_from_4_8_3() -> None:
+    node = sample_nodes()["qa-mig-worker-gpu-a100"] if "qa-mig-worker-gpu-a100" in sample_nodes() \
+        else next(iter(sample_nodes().values()))  # fmt: skip
+    text = serve(node, G483)
+    families = re.findall(r"^# TYPE (\S+)", text, re.M)
+    assert families == sorted(families)
+    for family in families:
+        series = labels_of(text, family)
+        signatures = [";".join(f"{len(n)}:{n}={len(v)}:{v}" for n, v in sorted(s.labels))
+                      for s in series]  # fmt: skip
+        assert signatures == sorted(signatures), family
+
+
+# --- every sample in every generation -------------------------------------------------------------
+
+
+def sample_cases() -> Iterator[tuple[str, Generation]]:
+    for name in sorted(sample_nodes()):
+        for g in GENERATIONS:
+            yield name, g
+
+
+@pytest.mark.parametrize(("name", "g"), list(sample_cases()), ids=lambda x: getattr(x, "name", x))
+def test_every_sample_node_is_a_valid_exposition_in_every_generation(
+    name: str, g: Generation
+) -> None:
+    text = serve(sample_nodes()[name], g)
+    assert text
+    assert promtool_findings(text) == []
+    assert duplicates(parse(text)) == []
+
+
+# --- the generations differ only where the table says ---------------------------------------------
+
+MIG_MODELS = [m for m in MODELS if m.memory_slots == 8]
+
+
+def busy(pod: str) -> DeviceStatus:
+    """A device a pod holds and uses: 30 to 90 % busy, 2 GiB of memory."""
+    return DeviceStatus(
+        AllocatedBy("ns", pod, "c"), {f"uid-{pod}": PodUsage(Utilization(30, 90), 2048)}
+    )
+
+
+@st.composite
+def nodes(draw: st.DrawFn) -> NodeTopology:
+    """A node of a catalog GPU: each GPU whole (held or free) or in MIG with one profile placed
+    as often as it fits, some instances held; dynamic (run:ai) or static MIG."""
+    model: GpuModel = draw(st.sampled_from(MIG_MODELS))
+    gpus = []
+    for index in range(draw(st.integers(1, 3))):
+        held = draw(st.booleans())
+        status = busy(f"p{index}") if held else None
+        if draw(st.booleans()):
+            gpus.append(Gpu(f"GPU-{index}", status))
+            continue
+        profile = draw(st.sampled_from(model.profiles))
+        devices, used = [], 0
+        for start in profile.placements:
+            if start >= used and len(devices) < profile.max_count:
+                pod = busy(f"m{index}-{start}")
+                devices.append(MigDevice(profile.name, start,
+                                         model.gpu_instance_id(profile, start),
+                                         None, pod if draw(st.booleans()) else None))  # fmt: skip
+                used = start + profile.memory_slices
+        gpus.append(Gpu(f"GPU-{index}", None, tuple(devices)))
+    return NodeTopology(len(gpus), model.total_memory_mib, model.product_labels[0],
+                        draw(st.booleans()), tuple(gpus))  # fmt: skip
+
+
+# The 11 unit changes of 4.9.0 (its release notes: clocks in Hz, energy in J, utilizations as
+# 0-1 ratios, framebuffer in bytes, NVLink in bytes/s), written here apart from fields.ALIASES.
+UNITS = {
+    "DCGM_FI_DEV_SM_CLOCK_HERTZ": 1e6, "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ": 1e6,
+    "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL": 1e-3,
+    "DCGM_FI_DEV_GPU_UTIL_RATIO": 0.01, "DCGM_FI_DEV_MEMORY_UTIL_RATIO": 0.01,
+    "DCGM_FI_DEV_ENC_UTIL_RATIO": 0.01, "DCGM_FI_DEV_DEC_UTIL_RATIO": 0.01,
+    "DCGM_FI_DEV_FB_FREE_BYTES": 2**20, "DCGM_FI_DEV_FB_USED_BYTES": 2**20,
+    "DCGM_FI_DEV_FB_RESERVED_BYTES": 2**20, "DCGM_FI_DEV_FB_CAPACITY_BYTES": 2**20,
+    "DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND": 1_024_000,
+}  # fmt: skip
+
+
+def _unit(name: str) -> float:
+    return UNITS.get(name, 1)
+
+
+def test_4_9_0_changes_the_units_its_release_notes_list() -> None:
+    renamed = {c.name for c in dcgm.default_counters(G490).metrics} - {
+        c.name for c in dcgm.default_counters(G484).metrics}  # fmt: skip
+    new = "DCGM_FI_DEV_FB_CAPACITY_BYTES"  # collected by default from 4.9.0, in bytes
+    scaled = {n for n in renamed if ALIASES[n].scale != 1} - {new}
+    assert {n: ALIASES[n].scale for n in scaled} == {n: u for n, u in UNITS.items() if n != new}
+    assert len(scaled) == 11
+    assert len(renamed - {"DCGM_FI_DEV_FB_CAPACITY_BYTES"}) == 22  # and the driver label: 23
+
+
+def normalized(text: str, g: Generation, node: NodeTopology) -> dict[tuple[object, ...], float]:
+    """Each series as the 2022 generation would name it: legacy names and units, no pci_bus_id
+    or err_*, `Hostname`, empty pod labels where a free device has none, DCGM's profile name."""
+    model = next(m for m in MODELS if node.gpu_product in m.product_labels)
+    model = model.for_driver(dcgm.DEFAULT_DRIVER_VERSION)
+    dcgm_name = {p.name: dcgm.profile_label(DEFAULT, p.name, p.compute_slices, p.memory_mib)
+                 for p in model.profiles}  # fmt: skip
+    out = {}
+    for s in parse(text):
+        labels = {
+            canonical(n): v for n, v in s.labels if n not in ("pci_bus_id", "err_code", "err_msg")
+        }
+        labels["Hostname"] = labels.pop("hostname", labels.get("Hostname", ""))
+        for pod_label in ("container", "namespace", "pod"):
+            labels.setdefault(pod_label, "")
+        if g.profile_names == "nvml" and "GPU_I_PROFILE" in labels:
+            labels["GPU_I_PROFILE"] = dcgm_name[labels["GPU_I_PROFILE"].removeprefix("MIG ")]
+        out[(canonical(s.name), *sorted(labels.items()))] = s.value / _unit(s.name)
+    return out
+
+
+@settings(derandomize=True, max_examples=examples(40), deadline=None)
+@given(nodes(), st.sampled_from([G483, G484, G490]))
+def test_a_generation_differs_from_2022_only_as_its_row_says(
+    node: NodeTopology, g: Generation
+) -> None:
+    old, new = serve(node, DEFAULT), serve(node, g)
+    before, after = normalized(old, DEFAULT, node), normalized(new, g, node)
+    both = {canonical(c.name) for c in dcgm.default_counters(g).metrics} & {
+        c.name for c in dcgm.default_counters(DEFAULT).metrics}  # fmt: skip
+    assert {k for k in after if k[0] in both} == {k for k in before if k[0] in both}
+    for key in before.keys() & after.keys():
+        assert math.isclose(after[key], before[key], rel_tol=1e-6, abs_tol=1e-6), key
+    served = {k[0] for k in after}
+    assert served <= {canonical(c.name) for c in dcgm.default_counters(g).metrics}
+
+
+def test_every_name_and_alias_selects_its_generation() -> None:
+    for g in GENERATIONS:
+        for name in (g.name, *g.aliases):
+            assert generation(name) is g
+    assert generation("4.8") is G483 and generation("default") is DEFAULT
