@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SAMPLE_TOPOLOGY := samples/mig/topology/a100-40gb-active.yaml
 SAMPLE_NODE := qa-mig-worker-gpu-a100
 
-.PHONY: run-sample test test-slow lint venv bench bench-many bench-dra soak mutation mutation-sample docs-help
+.PHONY: run-sample test test-slow lint venv bench bench-many bench-dra soak mutation mutation-sample docs-help docs-upgrade
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -79,3 +79,7 @@ mutation-sample: $(VENV)/.installed
 # docs/help.md: each command's --help as printed (tests/pipeline/test_help.py fails while it is stale).
 docs-help: $(VENV)/.installed
 	$(PY) -m tests.support.helptext > docs/help.md
+
+# docs/upgrade.md from the generation table (a test fails when they disagree).
+docs-upgrade: $(VENV)/.installed
+	$(PY) -m exporter.upgrade > docs/upgrade.md

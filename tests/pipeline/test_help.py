@@ -27,3 +27,10 @@ def test_docs_show_what_help_prints(line: str, parser: Parser, argv: list[str]) 
     assert _words(shown) == _words(help_text(parser, argv)), (
         f"docs/help.md is stale for `{line}`: run make docs-help"
     )
+
+
+def test_the_upgrade_page_is_the_generation_tables() -> None:
+    from exporter import upgrade
+
+    page = (ROOT / "docs" / "upgrade.md").read_text()
+    assert page == upgrade.page(), "docs/upgrade.md is stale: run make docs-upgrade"
