@@ -45,7 +45,9 @@ def _fields() -> list[str]:
         cells = []
         for g in GENERATIONS:
             name = by_generation[g.name].get(field)
-            cells.append("-" if name is None else "same" if name == field else f"`{name}`{_unit(name)}")
+            cells.append(
+                "-" if name is None else "same" if name == field else f"`{name}`{_unit(name)}"
+            )
         lines.append(f"| `{field}` | " + " | ".join(cells) + " |")
     return lines
 
