@@ -23,6 +23,7 @@ from exporter.collector import DEFAULT_INTERVAL_MS, NvmlExporter
 from exporter.fields import CountersError, read_counters
 from exporter.many import NodesExporter
 from exporter.node import missing_node, node_of
+from exporter.runtime import Runtime
 from exporter.service import Exporter
 from exporter.shards import Shard, ordinal
 from exporter.sources import (
@@ -49,6 +50,7 @@ log = logging.getLogger("exporter")
 ENVIRONMENT = (
     *CLUSTER_ENVIRONMENT, "NODE_NAME", "DCGM_EXPORTER_INTERVAL", "DRIVER_VERSION",
     "EXPORTER_HOSTNAME", "DCGM_EXPORTER_COLLECTORS", "MIG_POD_LABELS", "KUBERNETES_VIRTUAL_GPUS",
+    "KUBERNETES_ENABLE_POD_UID", "DCGM_EXPORTER_ENABLE_EXPORTER_METRICS",
     "WEB_CONFIG_FILE", "DCGM_EXPORTER_VERSION", "KUBERNETES_ENABLE_DRA", "TOTAL_SHARDS", "SHARD",
     "POD_NAME", "POD_NAMESPACE", "DRA_CLAIM_STATUS",
 )  # fmt: skip
@@ -308,6 +310,21 @@ def _series_arguments(p: argparse.ArgumentParser) -> None:
         help="a shared GPU's (time-slicing, MPS) series once per pod sharing it, with a vgpu "
         "label, as dcgm-exporter's flag (env KUBERNETES_VIRTUAL_GPUS=true)",
     )
+    p.add_argument(
+        "--enable-exporter-metrics",
+        action="store_true",
+        default=env_switch("DCGM_EXPORTER_ENABLE_EXPORTER_METRICS"),
+        help="the exporter process's own go_*, process_* and promhttp_* series after the others, "
+        "as dcgm-exporter's flag from 4.8.4 (env DCGM_EXPORTER_ENABLE_EXPORTER_METRICS=true)",
+    )
+    p.add_argument(
+        "--kubernetes-enable-pod-uid",
+        action="store_true",
+        default=env_switch("KUBERNETES_ENABLE_POD_UID"),
+        help="the holding pod's uid in a pod_uid label, as dcgm-exporter's flag: on a device "
+        "plugin's pods and replicas from 4.8.3, on DRA copies from 4.8.4 (env "
+        "KUBERNETES_ENABLE_POD_UID=true)",
+    )
 
 
 def _generations_help() -> str:
@@ -454,7 +471,7 @@ def serve(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None =
                 daemon=True,
             ))  # fmt: skip
     try:
-        server = MetricsServer(published, args.address, args.port, web)
+        server = MetricsServer(published, args.address, args.port, web, runtime=args.runtime)
     except OSError as e:
         where = host_port(args.address, args.port)
         print(f"error: cannot listen on {where}: {e.strerror}", file=sys.stderr)
@@ -533,6 +550,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     generation = args.dcgm_exporter_version or (
         generations.FIRST_WITH_DRA if args.kubernetes_enable_dra else generations.DEFAULT
     )
+    if args.kubernetes_enable_pod_uid and not generation.pod_uid:
+        p.error(f"--kubernetes-enable-pod-uid: dcgm-exporter {generation.name} has no pod_uid "
+                f"(from {next(g.name for g in generations.GENERATIONS if g.pod_uid)})")  # fmt: skip
+    if args.enable_exporter_metrics and not generation.exporter_metrics:
+        p.error(f"--enable-exporter-metrics: dcgm-exporter {generation.name} has no exporter "
+                f"metrics (from {next(g.name for g in generations.GENERATIONS if g.exporter_metrics)})")  # fmt: skip
+    args.runtime = Runtime(generation.go) if args.enable_exporter_metrics else None
     if args.kubernetes_enable_dra and not generation.dra:
         p.error(f"--kubernetes-enable-dra: dcgm-exporter {generation.name} has no DRA mode "
                 f"(from {generations.FIRST_WITH_DRA.name})")  # fmt: skip
@@ -552,6 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         virtual_gpus=args.kubernetes_virtual_gpus,
         generation=generation,
         dra=args.kubernetes_enable_dra,
+        pod_uid=args.kubernetes_enable_pod_uid,
         dra_claim_status=args.dra_claim_status,
     )
     try:

@@ -84,6 +84,9 @@ class Options:
     # dcgm-exporter's --kubernetes-enable-dra: a device DRA claims hold, once per pod container
     # holding it, with the claim's dra_* labels (a generation that has DRA: 4.8.3 on).
     dra: bool = False
+    # --kubernetes-enable-pod-uid: the holding pod's uid in `pod_uid` (from 4.8.3; on DRA
+    # copies from 4.8.4).
+    pod_uid: bool = False
     # --dra-claim-status: the claims' status names a DynamicMIG instance's uuid (the updater's
     # --dra-claim-status, as the DRA driver's #1456 designs it): such an instance is attributed
     # as any other device; off, it is not, as dcgm-exporter 4.8 cannot.
@@ -95,6 +98,8 @@ class Options:
             object.__setattr__(self, "counters", default_counters(self.generation))
         if self.dra and not self.generation.dra:
             raise ValueError(f"dcgm-exporter {self.generation.name} has no DRA mode")
+        if self.pod_uid and not self.generation.pod_uid:
+            raise ValueError(f"dcgm-exporter {self.generation.name} has no pod_uid")
 
     @property
     def attribution(self) -> Attribution:
@@ -102,7 +107,8 @@ class Options:
         g = self.generation
         return Attribution(
             virtual_gpus=self.virtual_gpus, dra=self.dra, claim_status=self.dra_claim_status,
-            free_pod_labels=g.free_pod_labels, dra_uuid_always=g.free_pod_labels or not g.dra_pod_uid,
+            free_pod_labels=g.free_pod_labels, dra_uuid_always=g.dra_uuid_always,
+            pod_uid=self.pod_uid, dra_pod_uid=self.pod_uid and g.dra_pod_uid,
         )  # fmt: skip
 
 

@@ -76,8 +76,11 @@ class Generation:
     xid_labels: bool  # err_code and err_msg on DCGM_FI_DEV_XID_ERRORS
     dra: bool  # --kubernetes-enable-dra
     pod_labels: bool  # --kubernetes-enable-pod-labels
-    dra_pod_uid: bool  # pod_uid on DRA-attributed series, with --kubernetes-enable-pod-uid
+    pod_uid: bool  # --kubernetes-enable-pod-uid: pod_uid on a device plugin's holders and replicas
+    dra_pod_uid: bool  # and on DRA-attributed series
+    dra_uuid_always: bool  # dra_mig_device_uuid="" on a MIG device of unknown uuid (4.8.4: none)
     exporter_metrics: bool  # --enable-exporter-metrics
+    go: str = ""  # the Go release it was built with (go_info), where known
     aliases: tuple[str, ...] = ()
 
     def value_text(self, value: float, decimal: bool) -> str:
@@ -102,7 +105,9 @@ G2022 = Generation(
     xid_labels=False,
     dra=False,
     pod_labels=False,
+    pod_uid=False,
     dra_pod_uid=False,
+    dra_uuid_always=True,
     exporter_metrics=False,
 )
 G483 = Generation(
@@ -121,7 +126,9 @@ G483 = Generation(
     xid_labels=True,
     dra=True,
     pod_labels=True,
+    pod_uid=True,
     dra_pod_uid=False,
+    dra_uuid_always=True,
     exporter_metrics=False,
 )
 G484 = Generation(
@@ -139,8 +146,11 @@ G484 = Generation(
     xid_labels=True,
     dra=True,
     pod_labels=True,
+    pod_uid=True,
     dra_pod_uid=True,
+    dra_uuid_always=False,
     exporter_metrics=True,
+    go="go1.27.1",
 )
 G490 = Generation(
     name="4.9.0",
@@ -157,8 +167,11 @@ G490 = Generation(
     xid_labels=True,
     dra=True,
     pod_labels=True,
+    pod_uid=True,
     dra_pod_uid=True,
+    dra_uuid_always=False,
     exporter_metrics=True,
+    go="go1.27.3",
 )
 GENERATIONS = (G2022, G483, G484, G490)
 DEFAULT = G2022  # the design card's samples are this generation's

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from exporter.fields import EMPTY, GPU, MIG
 from exporter.readings import Reading
@@ -69,6 +69,8 @@ class Attribution:
     claim_status: bool = False  # DynamicMIG instances attributed through the claim's status
     free_pod_labels: bool = True  # a free device: container/namespace/pod="" (else none)
     dra_uuid_always: bool = True  # dra_mig_device_uuid="" where unknown (4.8.4: left out)
+    pod_uid: bool = False  # --kubernetes-enable-pod-uid: pod_uid after pod
+    dra_pod_uid: bool = False  # and on DRA copies (from 4.8.4)
 
 
 def in_output_order(subjects: Sequence[Subject]) -> list[int]:
@@ -105,7 +107,7 @@ def gpu_subjects(
         pods = dra_holders(status, None, a) if a.dra else []
         pods = pods or holders(status, a)
         return [(GPU, base + tail + pod, reading) for pod in pods]
-    free = holder(None, a.free_pod_labels)
+    free = holder(None, a)
     out: list[Subject] = [] if instances else [(EMPTY, base + tail + free, reading)]
     for inst in instances:
         mig = (("GPU_I_PROFILE", inst.profile), ("GPU_I_ID", str(inst.gpu_instance_id)))
@@ -156,20 +158,25 @@ def dra_holders(
                 labels.append(("dra_mig_device_uuid", mig[0]))
             labels.append(("dra_mig_profile", mig[1]))
         labels += [("dra_pool_name", c.pool), ("namespace", a.namespace), ("pod", a.pod)]
+        if attribution.dra_pod_uid:
+            labels.append(("pod_uid", a.uid))
         out.append(tuple(labels))
     return list(dict.fromkeys(out))
 
 
-def holder(status: DeviceStatus | None, free_pod_labels: bool = True) -> Labels:
-    """container, namespace, pod of the pod holding a device; a free device's are empty, or
-    left out where the generation leaves them out."""
+def holder(status: DeviceStatus | None, attribution: Attribution = Attribution()) -> Labels:
+    """container, namespace, pod (and pod_uid) of the pod holding a device; a free device's
+    are empty, or left out where the generation leaves them out."""
     a = status.allocated_by if status else None
-    return _pod_labels(a) if a is not None or free_pod_labels else ()
+    if a is None and not attribution.free_pod_labels:
+        return ()
+    return _pod_labels(a, attribution.pod_uid)
 
 
-def _pod_labels(a: AllocatedBy | None) -> Labels:
-    values = (a.container, a.namespace, a.pod) if a else ("", "", "")
-    return tuple(zip(("container", "namespace", "pod"), values, strict=True))
+def _pod_labels(a: AllocatedBy | None, uid: bool = False) -> Labels:
+    labels = (("container", a.container), ("namespace", a.namespace), ("pod", a.pod)) if a else (
+        ("container", ""), ("namespace", ""), ("pod", ""))  # fmt: skip
+    return (*labels, ("pod_uid", a.uid)) if uid and a is not None else labels
 
 
 def holders(status: DeviceStatus | None, attribution: Attribution) -> list[Labels]:
@@ -177,5 +184,6 @@ def holders(status: DeviceStatus | None, attribution: Attribution) -> list[Label
     sharing it), or in virtual-GPU mode one per replica held, each with its `vgpu` after the
     pod labels, where dcgm-exporter's sorted attributes put it."""
     if attribution.virtual_gpus and status is not None and status.replicas:
-        return [(*_pod_labels(r.holder), ("vgpu", str(r.index))) for r in status.replicas]
-    return [holder(status, attribution.free_pod_labels)]
+        return [(*_pod_labels(replace(r.holder, uid=r.pod_uid), attribution.pod_uid),
+                 ("vgpu", str(r.index))) for r in status.replicas]  # fmt: skip
+    return [holder(status, attribution)]

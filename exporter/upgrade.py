@@ -20,6 +20,12 @@ _ROWS: list[tuple[str, object]] = [
      else "NVML's, as NVML returns it (`MIG 7g.80gb`)"),
     ("`DCGM_FI_DEV_XID_ERRORS`", lambda g: "`err_code`, `err_msg`" if g.xid_labels else "value only"),
     ("`--kubernetes-enable-dra`", lambda g: "yes" if g.dra else "no"),
+    ("`--kubernetes-enable-pod-uid`", lambda g: "no" if not g.pod_uid else
+     "`pod_uid` on pods, replicas and DRA copies" if g.dra_pod_uid else
+     "`pod_uid` on pods and replicas, not DRA copies"),
+    ("DRA `dra_mig_device_uuid` unknown", lambda g: "-" if not g.dra else "`\"\"`" if g.dra_uuid_always else "left out"),
+    ("`--enable-exporter-metrics`", lambda g: f"`go_*` ({g.go}), `process_*`, `promhttp_*`"
+     if g.exporter_metrics else "no"),
 ]  # fmt: skip
 
 
@@ -132,8 +138,14 @@ def page() -> str:
         "  returns it with a `MIG ` prefix (`MIG 1g.18gb`: tests/reference/nvml/, a real H200);",
         "  no real 4.8.4 line has been quoted to confirm the label.",
         "- **Value form**: Go's `strconv` rule applied by hand; no Go toolchain ran here.",
-        "- **Not simulated yet**: `--kubernetes-enable-pod-labels`, `--kubernetes-enable-pod-uid`",
-        "  and 4.8.4's `--enable-exporter-metrics` (the Go runtime's series of a Go process).",
+        "- **`--enable-exporter-metrics`**: `process_*` and `promhttp_*` are this process's own;",
+        "  of the Go runtime only `go_info`, `go_goroutines` and `go_threads` are served (its",
+        "  memory and garbage-collector series have nothing true to say of a Python process).",
+        "  Their values print in Python's form (`4.0`), which Prometheus reads alike.",
+        "- **`pod_uid`** is the pod's `metadata.uid` as the updater writes it in the topology",
+        "  (`pod-uid`); a pod from a file without one has none. 4.8.3's per-process copies,",
+        "  which always carry it, are not simulated.",
+        "- **Not simulated yet**: `--kubernetes-enable-pod-labels` and its allowlist.",
         "",
     ]  # fmt: skip
     return "\n".join(out)

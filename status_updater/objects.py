@@ -20,7 +20,7 @@ from status_updater import usage
 from topology import dra, migparted, runai
 from topology.catalog import MIG_SUFFIX
 from topology.errors import TopologyError
-from topology.model import MIG_STRATEGIES
+from topology.model import MIG_STRATEGIES, AllocatedBy
 from topology.sharing import GPU_RESOURCE, SHARED_GPU_RESOURCE, base_resource
 
 Obj = Mapping[str, Any]
@@ -55,6 +55,14 @@ def names(pod: Obj) -> tuple[str, str]:
     """Namespace and name; a pod from a file may leave its namespace out: kubectl's default."""
     meta = metadata(pod)
     return str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+
+
+def holder(pod: Obj, container: str) -> AllocatedBy:
+    """The pod container holding a device: its names, and the pod's uid where it has one (a pod
+    from a file may not: then none, as dcgm-exporter's pod_uid is empty for a pod it cannot
+    find)."""
+    namespace, name = names(pod)
+    return AllocatedBy(namespace, name, container, str(metadata(pod).get("uid") or ""))
 
 
 def pod_key(pod: Obj) -> str:

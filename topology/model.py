@@ -28,6 +28,7 @@ class AllocatedBy:
     namespace: str
     pod: str
     container: str
+    uid: str = ""  # the pod's metadata.uid (`pod-uid`): dcgm-exporter's pod_uid; "": unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +207,8 @@ def _dump_status(status: DeviceStatus, indent: str, out: list[str]) -> None:
     if a is not None:
         out += [f"{indent}  allocated-by:", f"{indent}    namespace: {q(a.namespace)}",
                 f"{indent}    pod: {q(a.pod)}", f"{indent}    container: {q(a.container)}"]  # fmt: skip
+        if a.uid:
+            out.append(f"{indent}    pod-uid: {q(a.uid)}")
     if status.pod_gpu_usage_status:
         out.append(f"{indent}  pod-gpu-usage-status:")
         for uid, u in sorted(status.pod_gpu_usage_status.items()):
@@ -233,6 +236,8 @@ def _dump_status(status: DeviceStatus, indent: str, out: list[str]) -> None:
                     f"{indent}    device: {q(c.device)}", f"{indent}    pool: {q(c.pool)}",
                     f"{indent}    namespace: {q(h.namespace)}", f"{indent}    pod: {q(h.pod)}",
                     f"{indent}    container: {q(h.container)}"]  # fmt: skip
+            if h.uid:
+                out.append(f"{indent}    pod-uid: {q(h.uid)}")
             if c.made:
                 out.append(f"{indent}    made: true")
 
@@ -308,15 +313,25 @@ def _short(value: object) -> str:
     return repr(value)
 
 
+def _holder(r: _Reader, uid: bool = True) -> AllocatedBy:
+    """namespace, pod, container (and the pod's uid, where the writer knew it; a replica's is
+    its own `pod-uid`, not its holder's)."""
+    namespace, pod, container = (r.string(k, empty=True) for k in ("namespace", "pod", "container"))
+    return AllocatedBy(
+        namespace,
+        pod,
+        container,
+        r.string("pod-uid", empty=True) if uid and r.has("pod-uid") else "",
+    )
+
+
 def _status_from(r: _Reader) -> DeviceStatus:
     allocated_by = None
     if r.has("allocated-by"):
         a = r.sub("allocated-by")
         # Kubernetes names are never empty, but an emulated or hand-made pod's may be: the
         # exporter shows what the writer saw (an empty label), rather than refusing the node.
-        allocated_by = AllocatedBy(
-            *(a.string(k, empty=True) for k in ("namespace", "pod", "container"))
-        )
+        allocated_by = _holder(a)
     usage: dict[str, PodUsage] = {}
     if r.has("pod-gpu-usage-status"):
         u = r.sub("pod-gpu-usage-status")
@@ -332,14 +347,14 @@ def _status_from(r: _Reader) -> DeviceStatus:
     replicas = tuple(
         Replica(
             x.integer("replica"),
-            AllocatedBy(*(x.string(k, empty=True) for k in ("namespace", "pod", "container"))),
+            _holder(x, uid=False),
             x.string("pod-uid", empty=True),
         )
         for x in (r.items("replicas") if r.has("replicas") else [])
     )
     claims = tuple(
         DraClaim(
-            AllocatedBy(*(x.string(k, empty=True) for k in ("namespace", "pod", "container"))),
+            _holder(x),
             x.string("claim"),
             x.string("claim-namespace"),
             x.string("device"),

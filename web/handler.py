@@ -52,6 +52,9 @@ class Site:
     headers: Sequence[tuple[str, str]]
     auth: BasicAuth | None
     gzipped: Gzipped
+    # The process's own runtime series, written per scrape after the daemon's own (the
+    # exporter's --enable-exporter-metrics); None: none.
+    runtime: Callable[[], bytes] | None = None
 
 
 class _Serving(Protocol):
@@ -251,9 +254,10 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def _metrics(h: Handler, snap: Snapshot, _: re.Match[str], body: bool) -> None:
-    """Every series: the body's parts, then the daemon's own."""
+    """Every series: the body's parts, then the daemon's own (and its runtime's)."""
     if not h.unready(snap, body):
-        h.send_metrics((*snap.body_parts, snap.own), body)
+        runtime = (h.site.runtime(),) if h.site.runtime is not None else ()
+        h.send_metrics((*snap.body_parts, snap.own, *runtime), body)
 
 
 def _own(h: Handler, snap: Snapshot, _: re.Match[str], body: bool) -> None:

@@ -20,6 +20,7 @@ import socket
 import ssl
 import sys
 import threading
+from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 from typing import Any
 
@@ -157,6 +158,7 @@ class MetricsServer:
         port: int,
         web: WebConfig | None = None,
         limits: Limits | None = None,
+        runtime: Callable[[], bytes] | None = None,
     ) -> None:
         limits = limits or Limits()
         context = server_context(web) if web is not None else None
@@ -171,6 +173,7 @@ class MetricsServer:
             headers=web.headers if web is not None else (),
             auth=BasicAuth(web.users) if web is not None and web.users else None,
             gzipped=self.gzipped,
+            runtime=runtime,
         )
         self.httpd = _listen(binds(address, port), site, context)
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)

@@ -19,12 +19,13 @@ device's holder, and the device plugin's and run:ai's pods take what is left.
 from __future__ import annotations
 
 from status_updater.devices import mig_uuid
-from status_updater.objects import DRA_KEY, DRA_REFS, Obj, names, pod_ref, pod_uid
+from status_updater.objects import DRA_KEY, DRA_REFS, Obj, pod_ref, pod_uid
+from status_updater.objects import holder as objects_holder
 from status_updater.placement.board import Board, Policy
 from status_updater.usage import pod_usage
 from topology import dra
 from topology.errors import TopologyError
-from topology.model import AllocatedBy, DeviceStatus, DraClaim, MigDevice
+from topology.model import DeviceStatus, DraClaim, MigDevice
 
 
 def _holds(board: Board, pod: Obj) -> list[dict[str, str]]:
@@ -100,13 +101,12 @@ def _target(
 
 def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
     obj, uid = pod_ref(pod), pod_uid(pod)
-    namespace, pod_name = names(pod)
     made: list[tuple[int, MigDevice]] = []
     whole: set[int] = set()
     found: list[tuple[Target, DraClaim]] = []
     for h in _holds(board, pod):  # every device first: a pod that does not fit holds nothing
         field = f"claims[{h['claim-namespace']}/{h['claim']}]"
-        holder = AllocatedBy(namespace, pod_name, h["container"])
+        holder = objects_holder(pod, h["container"])
         target = _target(board, h["device"], made, whole, obj, field)
         g, d = target
         other = None if isinstance(d, MigDevice) else board.claim_on(g, d)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from status_updater.objects import Ask, Obj, mig_profile, names, pod_ref, pod_uid, requests
+from status_updater.objects import Ask, Obj, mig_profile, pod_ref, pod_uid, requests
+from status_updater.objects import holder as objects_holder
 from status_updater.placement.board import Board, Device, Policy
 from status_updater.placement.kubelet import Rank, allocate, demand
 from status_updater.usage import pod_usage
 from topology.errors import TopologyError
-from topology.model import AllocatedBy, DeviceStatus, PodUsage
+from topology.model import DeviceStatus, PodUsage
 from topology.sharing import GPU_RESOURCE
 
 
@@ -24,7 +25,6 @@ def applies(board: Board, pod: Obj) -> bool:
 
 def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
     obj, uid = pod_ref(pod), pod_uid(pod)
-    namespace, pod_name = names(pod)
     asks = requests(pod)
     whole = [a for a in asks if a.resource == GPU_RESOURCE and not board.single]
     free_gpus = board.free_gpus(uid)
@@ -47,7 +47,7 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
     usages: dict[str, PodUsage] = {}
     gpus: dict[str, list[int]] = {}  # container -> the whole GPUs it holds
     for (g, d), ask in allocate(asks, kept, take).items():
-        holder = AllocatedBy(namespace, pod_name, ask.container)
+        holder = objects_holder(pod, ask.container)
         if d is None:
             gpus.setdefault(ask.container, []).append(g)
             continue
@@ -58,7 +58,7 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
             usages[name] = pod_usage(pod, obj, board.mig_fb_total(name), warnings)
         board.set_status(g, d, DeviceStatus(holder, {uid: usages[name]}))
     for container, held in gpus.items():
-        board.hold(pod, obj, AllocatedBy(namespace, pod_name, container), uid, warnings, held)
+        board.hold(pod, obj, objects_holder(pod, container), uid, warnings, held)
 
 
 def _mig_picks(

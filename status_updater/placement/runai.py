@@ -8,16 +8,16 @@ from status_updater.objects import (
     annotation,
     first_container,
     metadata,
-    names,
     pod_ref,
     pod_uid,
     strings,
 )
+from status_updater.objects import holder as objects_holder
 from status_updater.placement.board import Board, Policy
 from status_updater.usage import pod_usage
 from topology import runai
 from topology.errors import TopologyError
-from topology.model import AllocatedBy, DeviceStatus, MigDevice
+from topology.model import DeviceStatus, MigDevice
 
 FIELD = f"metadata.annotations[{runai.ANNOTATION_POD_MIG_DEVICE}]"
 
@@ -63,7 +63,7 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
     gi, device_id = dev.gpu_instance_id, dev.id
     if dev.id is None and want.device_uuid is not None:
         gi, device_id = _named(board, obj, want, dev, devices, warnings)
-    status = DeviceStatus(AllocatedBy(*names(pod), first_container(pod)), {pod_uid(pod): usage})
+    status = DeviceStatus(objects_holder(pod, first_container(pod)), {pod_uid(pod): usage})
     devices[found[0]] = MigDevice(dev.name, dev.position, gi, device_id, status)
 
 

@@ -10,12 +10,13 @@ import heapq
 from collections import Counter, deque
 from collections.abc import Collection
 
-from status_updater.objects import Ask, Obj, mig_profile, names, pod_ref, pod_uid, requests
+from status_updater.objects import Ask, Obj, mig_profile, pod_ref, pod_uid, requests
+from status_updater.objects import holder as objects_holder
 from status_updater.placement.board import Board, Device, Policy
 from status_updater.placement.kubelet import NOT_KEPT, Rank, allocate
 from status_updater.usage import pod_usage
 from topology.errors import TopologyError
-from topology.model import AllocatedBy, DeviceStatus, PodUsage, Replica
+from topology.model import DeviceStatus, PodUsage, Replica
 from topology.sharing import base_resource
 
 Pick = tuple[int, int | None, int]  # (GPU, MIG device or None, replica)
@@ -27,7 +28,6 @@ def applies(board: Board, pod: Obj) -> bool:
 
 def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
     obj, uid = pod_ref(pod), pod_uid(pod)
-    namespace, pod_name = names(pod)
     kept = {(g, d, r): c for g, d, r, c in board.kept_replicas.get(uid, ())}
 
     def take(ask: Ask, count: int, have: Collection[Pick], rank: Rank[Pick]) -> list[Pick]:
@@ -35,7 +35,7 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
 
     usages: dict[Device, PodUsage] = {}
     for (g, d, r), ask in allocate(requests(pod), kept, take).items():
-        holder = AllocatedBy(namespace, pod_name, ask.container)
+        holder = objects_holder(pod, ask.container)
         board.replicas.setdefault((g, d), {})[r] = Replica(r, holder, uid)
         if (g, d) not in usages:
             most, share = _replica_memory(board, g, d)

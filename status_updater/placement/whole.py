@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from status_updater.objects import Ask, Obj, names, pod_ref, pod_uid, requests
+from status_updater.objects import Ask, Obj, pod_ref, pod_uid, requests
+from status_updater.objects import holder as objects_holder
 from status_updater.placement.board import Board, Device, Policy
 from status_updater.placement.kubelet import Rank, allocate, demand
 from topology.errors import TopologyError
-from topology.model import AllocatedBy
 from topology.sharing import GPU_RESOURCE, base_resource
 
 
@@ -42,7 +42,7 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
     for (g, _), ask in allocate(asks, kept, take).items():
         held.setdefault(ask.container, []).append(g)
     for container, gpus in held.items():
-        board.hold(pod, obj, AllocatedBy(*names(pod), container), uid, warnings, gpus)
+        board.hold(pod, obj, objects_holder(pod, container), uid, warnings, gpus)
 
 
 POLICY = Policy("whole GPUs", applies, place)

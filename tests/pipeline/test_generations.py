@@ -300,3 +300,57 @@ def test_every_name_and_alias_selects_its_generation() -> None:
         for name in (g.name, *g.aliases):
             assert generation(name) is g
     assert generation("4.8") is G483 and generation("default") is DEFAULT
+
+
+# --- pod_uid ---------------------------------------------------------------------------------------
+
+
+def pod_uid_series(version: str, *flags: str) -> dict[str, list[Series]]:
+    """The sample nodes' SM clock series, as `render` writes them (the pods' uids included)."""
+    nodes = sample_nodes()
+    out = {}
+    for name in ("a100-time-sliced", "dra-a100-80gb"):
+        g = generation(version)
+        text = serve(nodes[name], g, pod_uid="--kubernetes-enable-pod-uid" in flags,
+                     virtual_gpus="--kubernetes-virtual-gpus" in flags)  # fmt: skip
+        out[name] = [s for s in parse(text) if canonical(s.name) == "DCGM_FI_DEV_SM_CLOCK"]
+    return out
+
+
+def test_pod_uid_names_each_holders_uid_after_pod_and_before_vgpu() -> None:
+    uids = {
+        "notebook-a": "5f0c0e1a-0000-4000-8000-000000000000",
+        "notebook-b": "5f0c1e1a-0000-4000-8000-000000000001",
+    }  # samples/mig/sharing/pods.yaml
+    series = pod_uid_series("4.8.3", "--kubernetes-enable-pod-uid", "--kubernetes-virtual-gpus")
+    shared = [s for s in series["a100-time-sliced"] if "vgpu" in s.label_names]
+    assert shared
+    for s in shared:
+        assert s.label_names[-3:] == ("pod", "pod_uid", "vgpu")
+        if s.label("pod") in uids:
+            assert s.label("pod_uid") == uids[s.label("pod")]
+
+
+def test_pod_uid_reaches_dra_copies_from_4_8_4_only() -> None:
+    """4.8.3's DRA block sets pod, namespace, container and dra_* only (kubernetes.go Process);
+    4.8.4 adds pod_uid through addPodIdentityAttributes."""
+    held = [s for s in pod_uid_series("4.8.3", "--kubernetes-enable-pod-uid")["dra-a100-80gb"]
+            if "dra_claim_name" in s.label_names]  # fmt: skip
+    assert held and all("pod_uid" not in s.label_names for s in held)
+    held = [s for s in pod_uid_series("4.8.4", "--kubernetes-enable-pod-uid")["dra-a100-80gb"]
+            if "dra_claim_name" in s.label_names]  # fmt: skip
+    assert held and all(s.label("pod_uid") == "2d7f4a90-8e1b-4c6d-b3a5-7c9e0f1d2b44" for s in held)
+
+
+def test_without_the_flag_no_series_has_a_pod_uid() -> None:
+    for g in ("4.8.3", "4.9.0"):
+        for series in pod_uid_series(g, "--kubernetes-virtual-gpus").values():
+            assert all("pod_uid" not in s.label_names for s in series)
+
+
+def test_pod_uid_in_a_generation_without_it_is_one_line_and_exit_2() -> None:
+    done = run_cli("exporter", "--topology-file", "samples/mig/topology/a100-40gb-active.yaml",
+                   "--node-name", "qa-mig-worker-gpu-a100", "--once",
+                   "--kubernetes-enable-pod-uid")  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].endswith("has no pod_uid (from 4.8.3)")

@@ -20,7 +20,8 @@ def _status_to_dict(status: DeviceStatus) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if status.allocated_by is not None:
         a = status.allocated_by
-        out["allocated-by"] = {"namespace": a.namespace, "pod": a.pod, "container": a.container}
+        out["allocated-by"] = {"namespace": a.namespace, "pod": a.pod, "container": a.container,
+                               **({"pod-uid": a.uid} if a.uid else {})}  # fmt: skip
     if status.pod_gpu_usage_status:
         out["pod-gpu-usage-status"] = {
             uid: {
@@ -40,7 +41,9 @@ def _status_to_dict(status: DeviceStatus) -> dict[str, Any]:
         out["dra-claims"] = [
             {"claim": c.claim, "claim-namespace": c.claim_namespace, "device": c.device,
              "pool": c.pool, "namespace": c.holder.namespace, "pod": c.holder.pod,
-             "container": c.holder.container, **({"made": True} if c.made else {})}
+             "container": c.holder.container,
+             **({"pod-uid": c.holder.uid} if c.holder.uid else {}),
+             **({"made": True} if c.made else {})}
             for c in status.dra_claims
         ]  # fmt: skip
     return out

@@ -167,7 +167,7 @@ _text = st.one_of(
 )
 _usage = st.builds(PodUsage, st.builds(Utilization, st.integers(0, 100), st.integers(0, 100)),
                    st.integers(0, 10**6), st.booleans())  # fmt: skip
-_holder = st.builds(AllocatedBy, _text, _text, _text)
+_holder = st.builds(AllocatedBy, _text, _text, _text, _text)  # with or without the pod's uid
 _name = _text.filter(bool)  # a Kubernetes name: never empty
 _status = st.builds(
     DeviceStatus,
