@@ -74,9 +74,20 @@ def test_promtool_unit_tests_pass(tmp_path: Path) -> None:
         ("grouping", "sum by (Hostname, modelName, GPU_I_PROFILE)", "sum by (Hostname, modelName)"),
         (
             "whole GPUs left out",
-            '(DCGM_FI_DEV_FB_USED{GPU_I_PROFILE!=""})',
-            "(DCGM_FI_DEV_FB_USED)",
+            'DCGM_FI_DEV_FB_USED{GPU_I_PROFILE!=""}\n',
+            "DCGM_FI_DEV_FB_USED\n",
         ),
+        # Each generation's difference (tests/rules/ has its input series).
+        ("4.8.3's hostname", '"Hostname", "$1", "hostname"', '"Hostname", "$1", "Hostname"'),
+        (
+            "4.8.4's profile",
+            '"GPU_I_PROFILE", "$1", "GPU_I_PROFILE", "MIG (.+)"',
+            '"x", "", "x", ""',
+        ),
+        ("4.9.0's name", "or DCGM_FI_DEV_FB_USED_BYTES", "or DCGM_FI_DEV_FB_USED_TOTAL"),
+        ("4.9.0's unit", '_BYTES{GPU_I_PROFILE!=""} / 1048576', '_BYTES{GPU_I_PROFILE!=""}'),
+        ("4.9.0's driver", '"DCGM_FI_DRIVER_VERSION", "$1"', '"x", "$1"'),
+        ("4.8.3's labels", "max without (hostname, pci_bus_id,", "max without (hostname,"),
         (
             "shard counts compared",
             "(mig_exporter_total_shards) != 0",
