@@ -15,11 +15,19 @@ from tests.support.base import ROOT
 
 COMMITTED = ROOT / "grafana" / "mig-dashboard.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+# Each variable reads every dcgm-exporter generation (docs/upgrade.md): either frame buffer name,
+# either hostname label, either profile name.
+FB_USED = '__name__=~"DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_USED_BYTES"'
+HOST_FILTER = 'Hostname=~"$Hostname|", hostname=~"$Hostname|"'
 VARIABLES = {
-    "Hostname": "label_values(DCGM_FI_DEV_FB_USED, Hostname)",
-    "gpu": 'label_values(DCGM_FI_DEV_FB_USED{Hostname=~"$Hostname"}, gpu)',
+    "Hostname": (
+        f"query_result(count by (Hostname, hostname) ({{{FB_USED}}}))",
+        '/[Hh]ostname="([^"]+)"/',
+    ),
+    "gpu": (f"label_values({{{FB_USED}, {HOST_FILTER}}}, gpu)", ""),
     "GPU_I_PROFILE": (
-        'label_values(DCGM_FI_DEV_FB_USED{Hostname=~"$Hostname", gpu=~"$gpu"}, GPU_I_PROFILE)'
+        f'label_values({{{FB_USED}, {HOST_FILTER}, gpu=~"$gpu"}}, GPU_I_PROFILE)',
+        "/^(?:MIG )?(.+)$/",
     ),
 }
 # title -> unit; the panel order is the layout's.
@@ -31,8 +39,17 @@ UNITS = {
     "Power per GPU": "watt",
     "Which pod holds which instance": "decmbytes",
 }
-GPU_FILTER = 'Hostname=~"$Hostname", gpu=~"$gpu"'
-PROFILE_FILTER = 'GPU_I_PROFILE=~"$GPU_I_PROFILE"'
+GPU_FILTER = HOST_FILTER + ', gpu=~"$gpu"'
+PROFILE_FILTER = 'GPU_I_PROFILE=~"(MIG )?($GPU_I_PROFILE)"'
+# What 4.9.0 calls each field the panels read (and the factor back to the old unit).
+RENAMED = {
+    "DCGM_FI_DEV_FB_USED": "DCGM_FI_DEV_FB_USED_BYTES{%s} / 1048576",
+    "DCGM_FI_DEV_FB_FREE": "DCGM_FI_DEV_FB_FREE_BYTES{%s} / 1048576",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO{%s}",
+    "DCGM_FI_DEV_POWER_USAGE": "DCGM_FI_DEV_BOARD_POWER_WATTS{%s}",
+}
+HOSTNAME = 'label_replace(%s, "Hostname", "$1", "hostname", "(.+)")'
+PROFILE = 'label_replace(%s, "GPU_I_PROFILE", "$1", "GPU_I_PROFILE", "MIG (.+)")'
 
 
 @pytest.fixture(scope="module")
@@ -85,11 +102,11 @@ def test_datasource_variable(committed: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("name", VARIABLES)
-def test_label_values_variables(committed: dict[str, Any], name: str) -> None:
+def test_query_variables(committed: dict[str, Any], name: str) -> None:
     variables = {v["name"]: v for v in committed["templating"]["list"]}
     variable = variables[name]
     assert variable["type"] == "query"
-    assert variable["query"] == VARIABLES[name]
+    assert (variable["query"], variable.get("regex", "")) == VARIABLES[name]
     assert variable["datasource"] == DATASOURCE
     assert variable["multi"] is True
     assert variable["includeAll"] is True
@@ -126,15 +143,31 @@ def test_queries_filter_on_the_variables(committed: dict[str, Any]) -> None:
                 assert GPU_FILTER in selector, (title, expr)
                 if title != "Power per GPU":
                     assert PROFILE_FILTER in selector, (title, expr)
-    assert by_title["Power per GPU"] == [
-        'max by (Hostname, gpu) (DCGM_FI_DEV_POWER_USAGE{Hostname=~"$Hostname", gpu=~"$gpu"})'
+    power = f"(DCGM_FI_DEV_POWER_USAGE{{{GPU_FILTER}}} or DCGM_FI_DEV_BOARD_POWER_WATTS{{{GPU_FILTER}}})"
+    assert by_title["Power per GPU"] == [f"max by (Hostname, gpu) ({HOSTNAME % power})"]
+    used, free = (
+        f"({old}{{{GPU_FILTER}, {PROFILE_FILTER}}} or "
+        f"{RENAMED[old] % (GPU_FILTER + ', ' + PROFILE_FILTER)})"
+        for old in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE")
+    )
+    ratio = PROFILE % (HOSTNAME % f"{used} / ({used} + {free})")
+    assert by_title["Memory used per instance (fraction)"] == [
+        f"max by (Hostname, gpu, GPU_I_PROFILE, GPU_I_ID) ({ratio})"
     ]
-    ratio = by_title["Memory used per instance (fraction)"][0]
-    assert re.fullmatch(
-        r"DCGM_FI_DEV_FB_USED\{[^}]*\} / \(DCGM_FI_DEV_FB_USED\{[^}]*\} \+ "
-        r"DCGM_FI_DEV_FB_FREE\{[^}]*\}\)",
-        ratio,
-    ), ratio
+
+
+def test_queries_read_every_generation_as_2022s(committed: dict[str, Any]) -> None:
+    """Each field under its old name or its 4.9.0 name, in the old unit, with the same
+    filters; the result labelled `Hostname` from either label, profiles without `MIG `."""
+    for expr in dashboard.queries(committed):
+        olds = re.findall(r"(DCGM_FI_\w+)\{([^}]*)\} or ", expr)
+        assert olds and len(olds) == len(re.findall(r"DCGM_FI_\w+\{", expr)) / 2, expr
+        for old, matchers in olds:
+            assert f"{old}{{{matchers}}} or {RENAMED[old] % matchers})" in expr, expr
+        assert re.match(r"max by \(Hostname, gpu[,)].*label_replace\(", expr), expr
+        assert expr.count('"Hostname", "$1", "hostname", "(.+)"') == 1, expr
+        if "GPU_I_PROFILE" in expr.split(")")[0]:  # grouped by profile: the prefix taken off
+            assert expr.count('"GPU_I_PROFILE", "$1", "GPU_I_PROFILE", "MIG (.+)"') == 1, expr
 
 
 def test_pod_table(committed: dict[str, Any]) -> None:
@@ -146,7 +179,7 @@ def test_pod_table(committed: dict[str, Any]) -> None:
     assert target["format"] == "table"
     assert target["expr"].startswith(
         "max by (Hostname, gpu, GPU_I_PROFILE, GPU_I_ID, exported_namespace, exported_pod, "
-        "exported_container) (DCGM_FI_DEV_FB_USED{"
+        "exported_container) (label_replace(label_replace((DCGM_FI_DEV_FB_USED{"
     )
     assert 'exported_pod!=""' in target["expr"]
     organize = [t for t in panel["transformations"] if t["id"] == "organize"]
@@ -191,6 +224,6 @@ def test_queries_are_plain_promql_once_variables_are_substituted(
     for expr in dashboard.queries(committed):
         assert "$__" not in expr, expr
         plain = re.sub(r"\$(Hostname|gpu|GPU_I_PROFILE)\b", ".*", expr)
-        assert "$" not in plain, expr
+        assert "$" not in plain.replace('"$1"', ""), expr  # label_replace's own $1 aside
         assert plain.count("(") == plain.count(")"), expr
         assert plain.count("{") == plain.count("}"), expr

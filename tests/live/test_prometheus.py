@@ -298,6 +298,59 @@ def label_values(url: str, selector: str, label: str) -> list[str]:
     return sorted({s[label] for s in body["data"] if label in s})
 
 
+def variable_values(url: str, variable: dict[str, Any], chosen: dict[str, str]) -> list[str]:
+    """What Grafana lists for a dashboard's query variable, the variables before it `chosen`:
+    `label_values(selector, label)`'s values, or each `query_result(query)` series written as
+    Grafana writes it (`{label="value",...} value timestamp`); then, with a regex, its first
+    group of each that matches, each value once."""
+    text = substitute(variable["query"], chosen)
+    if found := re.fullmatch(r"label_values\((.*), (\w+)\)", text):
+        texts = label_values(url, *found.groups())
+    else:
+        found = re.fullmatch(r"query_result\((.*)\)", text)
+        assert found, text
+        texts = [
+            "{" + ",".join(f'{k}="{v}"' for k, v in r["metric"].items()) + "}"
+            + f" {r['value'][1]} {int(r['value'][0] * 1000)}"
+            for r in query(url, found.group(1))
+        ]  # fmt: skip
+    if regex := variable.get("regex"):
+        pattern = re.compile(regex.removeprefix("/").removesuffix("/"))
+        texts = [m.group(1) for t in texts if (m := pattern.search(t))]
+    return sorted(set(texts))
+
+
+def grafana_regex(values: list[str]) -> str:
+    """Values chosen in a multi-value variable, as Grafana writes them into a Prometheus regex
+    matcher: `(a|b)`, each value's metacharacters escaped (twice the backslash: a PromQL string)."""
+    return "(" + "|".join(re.sub(r"([\\^$*+?.()|{}\[\]'])", r"\\\\\1", v) for v in values) + ")"
+
+
+def substitute(text: str, chosen: dict[str, str]) -> str:
+    """Grafana's variable interpolation: `$name` replaced by what is chosen."""
+    for name in sorted(chosen, key=len, reverse=True):
+        text = text.replace(f"${name}", chosen[name])
+    return text
+
+
+def resolve_variables(
+    url: str, dashboard: dict[str, Any], picked: dict[str, list[str]] | None = None
+) -> dict[str, list[str]]:
+    """The values of every query variable of the dashboard, in order: those `picked`, and for
+    the others what Grafana lists with the values of the variables before it chosen (all of a
+    variable's values unless picked)."""
+    listed: dict[str, list[str]] = {}
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        if picked and variable["name"] in picked:
+            listed[variable["name"]] = picked[variable["name"]]
+            continue
+        chosen = {name: grafana_regex(values) for name, values in listed.items()}
+        listed[variable["name"]] = variable_values(url, variable, chosen)
+    return listed
+
+
 def test_grafana_12239_variables_and_panels_have_data(prometheus: str) -> None:
     instances = eventually(lambda: label_values(prometheus, "DCGM_FI_DEV_GPU_TEMP", "instance"))
     assert len(instances) == 5  # every exporter, MIG or not
@@ -324,30 +377,20 @@ def test_grafana_12239_variables_and_panels_have_data(prometheus: str) -> None:
 def test_every_query_of_the_shipped_dashboard_has_data(prometheus: str) -> None:
     """Variables resolved as Grafana does, in order, each to all its values; then every panel."""
     dashboard = json.loads(DASHBOARD.read_text())
-    chosen: dict[str, str] = {}
-
-    def substitute(text: str) -> str:
-        for name, regex in chosen.items():
-            text = text.replace(f"${name}", regex)
-        return text
-
-    for variable in dashboard["templating"]["list"]:
-        if variable["type"] != "query":
-            continue
-        selector, label = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"]).groups()
-        found = eventually(lambda s=selector, lb=label: label_values(prometheus, substitute(s), lb))
-        assert found, f"variable {variable['name']}: no values"
-        chosen[variable["name"]] = "|".join(found)  # Grafana's "All" without an allValue
-    assert "nvidia-dcgm-exporter-migpods" in chosen["Hostname"]
-    assert {"1g.5gb", "2g.10gb"} <= set(chosen["GPU_I_PROFILE"].split("|"))
+    listed = eventually(
+        lambda: (r := resolve_variables(prometheus, dashboard)) and all(r.values()) and r
+    )
+    assert "nvidia-dcgm-exporter-migpods" in listed["Hostname"]
+    assert {"1g.5gb", "2g.10gb"} <= set(listed["GPU_I_PROFILE"])
+    chosen = {name: grafana_regex(values) for name, values in listed.items()}  # every value
     exprs = queries(dashboard)
     assert len(exprs) >= 6
     for expr in exprs:
-        assert "$" not in substitute(expr), expr
-        assert query(prometheus, substitute(expr)), f"no data: {expr}"
+        assert "$" not in substitute(expr, chosen).replace('"$1"', ""), expr
+        assert query(prometheus, substitute(expr, chosen)), f"no data: {expr}"
     # The holder table lists every pod that holds an instance on the node with pod labels.
     (table,) = [e for e in exprs if "exported_pod" in e]
-    holders = {r["metric"]["exported_pod"] for r in query(prometheus, substitute(table))}
+    holders = {r["metric"]["exported_pod"] for r in query(prometheus, substitute(table, chosen))}
     assert {"job-2g-idle-0-0", "job-1g-idle-0-0", "job-gpu-burn-0-0"} <= holders
 
 
