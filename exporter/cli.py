@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from common.podlabels import Allowlist
 from common.process import CLUSTER_ENVIRONMENT, env_switch, not_utf8
 from exporter import dcgm, generations, nvml
 from exporter.collector import DEFAULT_INTERVAL_MS, NvmlExporter
@@ -51,6 +52,7 @@ ENVIRONMENT = (
     *CLUSTER_ENVIRONMENT, "NODE_NAME", "DCGM_EXPORTER_INTERVAL", "DRIVER_VERSION",
     "EXPORTER_HOSTNAME", "DCGM_EXPORTER_COLLECTORS", "MIG_POD_LABELS", "KUBERNETES_VIRTUAL_GPUS",
     "KUBERNETES_ENABLE_POD_UID", "DCGM_EXPORTER_ENABLE_EXPORTER_METRICS",
+    "KUBERNETES_ENABLE_POD_LABELS", "KUBERNETES_POD_LABEL_ALLOWLIST_REGEX",
     "WEB_CONFIG_FILE", "DCGM_EXPORTER_VERSION", "KUBERNETES_ENABLE_DRA", "TOTAL_SHARDS", "SHARD",
     "POD_NAME", "POD_NAMESPACE", "DRA_CLAIM_STATUS",
 )  # fmt: skip
@@ -318,6 +320,24 @@ def _series_arguments(p: argparse.ArgumentParser) -> None:
         "as dcgm-exporter's flag from 4.8.4 (env DCGM_EXPORTER_ENABLE_EXPORTER_METRICS=true)",
     )
     p.add_argument(
+        "--kubernetes-enable-pod-labels",
+        action="store_true",
+        default=env_switch("KUBERNETES_ENABLE_POD_LABELS"),
+        help="the holding pod's labels on its series, sanitised, after the label fields, as "
+        "dcgm-exporter's flag from 4.8.3: the labels the updater copies into the topology (its "
+        "--pod-labels) (env KUBERNETES_ENABLE_POD_LABELS=true)",
+    )
+    p.add_argument(
+        "--kubernetes-pod-label-allowlist-regex",
+        action="append",
+        default=[os.environ["KUBERNETES_POD_LABEL_ALLOWLIST_REGEX"]]
+        if os.environ.get("KUBERNETES_POD_LABEL_ALLOWLIST_REGEX")
+        else [],
+        metavar="REGEX[,REGEX...]",
+        help="with --kubernetes-enable-pod-labels: only the labels whose key one of these "
+        "matches, anywhere in it; none: every label (env KUBERNETES_POD_LABEL_ALLOWLIST_REGEX)",
+    )
+    p.add_argument(
         "--kubernetes-enable-pod-uid",
         action="store_true",
         default=env_switch("KUBERNETES_ENABLE_POD_UID"),
@@ -553,6 +573,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.kubernetes_enable_pod_uid and not generation.pod_uid:
         p.error(f"--kubernetes-enable-pod-uid: dcgm-exporter {generation.name} has no pod_uid "
                 f"(from {next(g.name for g in generations.GENERATIONS if g.pod_uid)})")  # fmt: skip
+    if args.kubernetes_enable_pod_labels and not generation.pod_labels:
+        p.error(f"--kubernetes-enable-pod-labels: dcgm-exporter {generation.name} has no pod "
+                f"labels (from {next(g.name for g in generations.GENERATIONS if g.pod_labels)})")  # fmt: skip
     if args.enable_exporter_metrics and not generation.exporter_metrics:
         p.error(f"--enable-exporter-metrics: dcgm-exporter {generation.name} has no exporter "
                 f"metrics (from {next(g.name for g in generations.GENERATIONS if g.exporter_metrics)})")  # fmt: skip
@@ -577,6 +600,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         generation=generation,
         dra=args.kubernetes_enable_dra,
         pod_uid=args.kubernetes_enable_pod_uid,
+        pod_labels=Allowlist.parse(args.kubernetes_pod_label_allowlist_regex)
+        if args.kubernetes_enable_pod_labels
+        else None,
         dra_claim_status=args.dra_claim_status,
     )
     try:

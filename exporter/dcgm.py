@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
+from common.podlabels import Allowlist
 from exporter import readings
 from exporter.fields import EMPTY, GPU, MIG, Counter, Counters, canonical, read_counters
 from exporter.generations import DEFAULT, Generation
@@ -87,6 +88,9 @@ class Options:
     # --kubernetes-enable-pod-uid: the holding pod's uid in `pod_uid` (from 4.8.3; on DRA
     # copies from 4.8.4).
     pod_uid: bool = False
+    # --kubernetes-enable-pod-labels (with its allowlist): the holding pod's labels, as the
+    # topology carries them (the updater's --pod-labels).
+    pod_labels: Allowlist | None = None
     # --dra-claim-status: the claims' status names a DynamicMIG instance's uuid (the updater's
     # --dra-claim-status, as the DRA driver's #1456 designs it): such an instance is attributed
     # as any other device; off, it is not, as dcgm-exporter 4.8 cannot.
@@ -100,6 +104,8 @@ class Options:
             raise ValueError(f"dcgm-exporter {self.generation.name} has no DRA mode")
         if self.pod_uid and not self.generation.pod_uid:
             raise ValueError(f"dcgm-exporter {self.generation.name} has no pod_uid")
+        if self.pod_labels is not None and not self.generation.pod_labels:
+            raise ValueError(f"dcgm-exporter {self.generation.name} has no pod labels")
 
     @property
     def attribution(self) -> Attribution:
@@ -109,6 +115,7 @@ class Options:
             virtual_gpus=self.virtual_gpus, dra=self.dra, claim_status=self.dra_claim_status,
             free_pod_labels=g.free_pod_labels, dra_uuid_always=g.dra_uuid_always,
             pod_uid=self.pod_uid, dra_pod_uid=self.pod_uid and g.dra_pod_uid,
+            pod_labels=self.pod_labels, sorted_labels=g.sorted_output,
         )  # fmt: skip
 
 

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from common.podlabels import Allowlist, placed
 from exporter.fields import EMPTY, GPU, MIG
 from exporter.readings import Reading
 from topology import dra
@@ -71,6 +72,15 @@ class Attribution:
     dra_uuid_always: bool = True  # dra_mig_device_uuid="" where unknown (4.8.4: left out)
     pod_uid: bool = False  # --kubernetes-enable-pod-uid: pod_uid after pod
     dra_pod_uid: bool = False  # and on DRA copies (from 4.8.4)
+    # --kubernetes-enable-pod-labels: the holding pod's labels its allowlist lets through
+    pod_labels: Allowlist | None = None
+    sorted_labels: bool = False  # the label fields (and pod labels) in name order (from 4.8.3)
+
+
+# Names a pod label may not take on a series (dcgm-exporter's rendererReservedLabels).
+RESERVED = frozenset({"gpu", "UUID", "pci_bus_id", "device", "modelName", "GPU_I_PROFILE",
+                      "GPU_I_ID", "hostname"})  # fmt: skip
+Held = tuple[AllocatedBy | None, Labels]  # the pod container holding a copy, and its attributes
 
 
 def in_output_order(subjects: Sequence[Subject]) -> list[int]:
@@ -101,21 +111,34 @@ def gpu_subjects(
     bus = () if gpu.pci_bus_id is None else (("pci_bus_id", gpu.pci_bus_id),)
     base = (("gpu", str(gpu.index)), ("UUID", gpu.uuid), *bus, ("device", f"nvidia{gpu.minor}"),
             ("modelName", gpu.model))  # fmt: skip
-    tail = ((gpu.hostname_label, gpu.hostname), *gpu.fields)
     a = attribution
     if instances is None:
         pods = dra_holders(status, None, a) if a.dra else []
         pods = pods or holders(status, a)
-        return [(GPU, base + tail + pod, reading) for pod in pods]
-    free = holder(None, a)
-    out: list[Subject] = [] if instances else [(EMPTY, base + tail + free, reading)]
+        return [(GPU, _labels(base, gpu, held, a), reading) for held in pods]
+    free = (None, holder(None, a))
+    out: list[Subject] = [] if instances else [(EMPTY, _labels(base, gpu, free, a), reading)]
     for inst in instances:
         mig = (("GPU_I_PROFILE", inst.profile), ("GPU_I_ID", str(inst.gpu_instance_id)))
         named = (inst.uuid or "", inst.nvml_profile or inst.profile)
         pods = dra_holders(inst.status, named, a) if a.dra else []
         pods = pods or holders(inst.status, a)
-        out += [(MIG, base + mig + tail + pod, inst.reading) for pod in pods]
+        out += [(MIG, _labels(base + mig, gpu, held, a), inst.reading) for held in pods]
     return out
+
+
+def _labels(head: Labels, gpu: GpuLabels, held: Held, a: Attribution) -> Labels:
+    """A series' labels: the device's, the hostname, the label fields (with the holding pod's
+    labels, where asked: dcgm-exporter keeps both in one map, in name order), then the
+    attributes (container, dra_*, namespace, pod, pod_uid, vgpu)."""
+    who, attributes = held
+    fields = gpu.fields
+    if a.pod_labels is not None and who is not None and who.labels:
+        in_use = RESERVED | {n for n, _ in (*head, *fields, *attributes)} | {gpu.hostname_label}
+        fields = (*fields, *placed(a.pod_labels.keep(dict(who.labels)).items(), in_use))
+    if a.sorted_labels:
+        fields = tuple(sorted(fields))
+    return (*head, (gpu.hostname_label, gpu.hostname), *fields, *attributes)
 
 
 _UNATTRIBUTED: set[tuple[str, str, str, str]] = set()  # (pool, namespace, claim, device) said
@@ -137,14 +160,14 @@ def _unattributed(c: DraClaim) -> None:
 
 def dra_holders(
     status: DeviceStatus | None, mig: tuple[str, str] | None, attribution: Attribution
-) -> list[Labels]:
+) -> list[Held]:
     """One label set per pod container a DRA claim gives the device, in dcgm-exporter's order
     (its attributes sorted by name); `mig` is a MIG device's (uuid, profile). A holder a
     document lists twice is one series, never two samples that would fail the scrape. An
     instance made for a claim (DynamicMIG) has none: its slice device names no uuid, so
     dcgm-exporter (up to 4.8.4) cannot map it to the claim; with `claim_status` the claim's
     status names it (the driver's #1456), and it has them."""
-    out: list[Labels] = []
+    out: list[Held] = []
     for c in status.dra_claims if status else ():
         if c.made and not attribution.claim_status:
             _unattributed(c)
@@ -160,7 +183,7 @@ def dra_holders(
         labels += [("dra_pool_name", c.pool), ("namespace", a.namespace), ("pod", a.pod)]
         if attribution.dra_pod_uid:
             labels.append(("pod_uid", a.uid))
-        out.append(tuple(labels))
+        out.append((a, tuple(labels)))
     return list(dict.fromkeys(out))
 
 
@@ -179,11 +202,11 @@ def _pod_labels(a: AllocatedBy | None, uid: bool = False) -> Labels:
     return (*labels, ("pod_uid", a.uid)) if uid and a is not None else labels
 
 
-def holders(status: DeviceStatus | None, attribution: Attribution) -> list[Labels]:
-    """The pod labels of a device's series: one set (the pod holding it, or one of the pods
-    sharing it), or in virtual-GPU mode one per replica held, each with its `vgpu` after the
-    pod labels, where dcgm-exporter's sorted attributes put it."""
+def holders(status: DeviceStatus | None, attribution: Attribution) -> list[Held]:
+    """The holders of a device's series and their pod labels: one (the pod holding it, or one
+    of the pods sharing it), or in virtual-GPU mode one per replica held, each with its `vgpu`
+    after the pod labels, where dcgm-exporter's sorted attributes put it."""
     if attribution.virtual_gpus and status is not None and status.replicas:
-        return [(*_pod_labels(replace(r.holder, uid=r.pod_uid), attribution.pod_uid),
-                 ("vgpu", str(r.index))) for r in status.replicas]  # fmt: skip
-    return [holder(status, attribution)]
+        return [(r.holder, (*_pod_labels(replace(r.holder, uid=r.pod_uid), attribution.pod_uid),
+                            ("vgpu", str(r.index)))) for r in status.replicas]  # fmt: skip
+    return [(status.allocated_by if status else None, holder(status, attribution))]

@@ -24,6 +24,8 @@ _ROWS: list[tuple[str, object]] = [
      "`pod_uid` on pods, replicas and DRA copies" if g.dra_pod_uid else
      "`pod_uid` on pods and replicas, not DRA copies"),
     ("DRA `dra_mig_device_uuid` unknown", lambda g: "-" if not g.dra else "`\"\"`" if g.dra_uuid_always else "left out"),
+    ("`--kubernetes-enable-pod-labels`", lambda g: "sanitised, in name order with the label fields"
+     if g.pod_labels else "no"),
     ("`--enable-exporter-metrics`", lambda g: f"`go_*` ({g.go}), `process_*`, `promhttp_*`"
      if g.exporter_metrics else "no"),
 ]  # fmt: skip
@@ -145,7 +147,9 @@ def page() -> str:
         "- **`pod_uid`** is the pod's `metadata.uid` as the updater writes it in the topology",
         "  (`pod-uid`); a pod from a file without one has none. 4.8.3's per-process copies,",
         "  which always carry it, are not simulated.",
-        "- **Not simulated yet**: `--kubernetes-enable-pod-labels` and its allowlist.",
+        "- **Pod labels** come from the topology: the updater copies them with `--pod-labels`",
+        "  (as dcgm-exporter reads them from its pod informer). Python's `re` stands for Go's RE2",
+        "  in the allowlist (the same for the patterns users write: no look-arounds in RE2).",
         "",
     ]  # fmt: skip
     return "\n".join(out)

@@ -13,7 +13,8 @@ from typing import Any, TextIO
 import yaml
 
 from common.files import UnreadableFile, read_text
-from common.process import CLUSTER_ENVIRONMENT, not_utf8
+from common.podlabels import Allowlist
+from common.process import CLUSTER_ENVIRONMENT, env_switch, not_utf8
 from common.yamlload import SafeDumper
 from kube import names
 from kube.api import BURST, QPS, Pace, port
@@ -27,7 +28,7 @@ from status_updater.dra import (
 )
 from status_updater.inputs import InputError, load_objects
 from status_updater.leader import CLIENT_GO, Timing
-from status_updater.objects import Obj, is_gpu_node, node_name
+from status_updater.objects import Obj, is_gpu_node, node_name, pod_slimmer
 from status_updater.reconcile import document
 from status_updater.resourceslices import node_slices
 from status_updater.state import ClusterState
@@ -44,7 +45,7 @@ ENVIRONMENT = (*CLUSTER_ENVIRONMENT, "LEASE_NAME", "POD_NAME", "MIG_PARTED_CONFI
                "RESYNC_SECONDS", "METRICS_PORT", "METRICS_ADDRESS", "DRA_NODE_SELECTOR",
                "DRA_DYNAMIC_MIG", "DRA_SLICE_LAYOUT", "DRA_LIST_TYPE_ATTRIBUTES", "DRA_CLAIM_STATUS",
                "KUBE_API_QPS", "KUBE_API_BURST", "LEASE_DURATION_SECONDS", "RENEW_DEADLINE_SECONDS",
-               "RETRY_PERIOD_SECONDS")  # fmt: skip
+               "RETRY_PERIOD_SECONDS", "POD_LABELS", "POD_LABEL_ALLOWLIST_REGEX")  # fmt: skip
 
 
 class _LiteralDumper(SafeDumper):  # type: ignore[valid-type,misc]
@@ -144,6 +145,7 @@ def render(
     claims: list[str] | None = None,
     output: str = "yaml",
     slim: Callable[[Obj], dict[str, Any]] | None = None,
+    pod_labels: Allowlist | None = None,
 ) -> int:
     try:
         layouts = read_layouts(mig_parted_config) if mig_parted_config else None
@@ -168,6 +170,7 @@ def render(
         layouts,
         (o for o in objects if o.get("kind") == "ResourceClaim"),
         slim or node_slimmer(None),
+        pod_slimmer(pod_labels),
     )
     for w in state.all_warnings():
         print(f"warning: {w}", file=sys.stderr)
@@ -230,6 +233,31 @@ def _render_arguments(r: argparse.ArgumentParser) -> None:
         help="the List's format (default %(default)s)",
     )
     add_dra_arguments(r)
+    _pod_label_arguments(r)
+
+
+def _pod_label_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--pod-labels",
+        action="store_true",
+        default=env_switch("POD_LABELS"),
+        help="copy each holding pod's labels into the topology, for the exporter's "
+        "--kubernetes-enable-pod-labels (env POD_LABELS=true)",
+    )
+    p.add_argument(
+        "--pod-label-allowlist-regex",
+        action="append",
+        default=[os.environ["POD_LABEL_ALLOWLIST_REGEX"]]
+        if os.environ.get("POD_LABEL_ALLOWLIST_REGEX")
+        else [],
+        metavar="REGEX[,REGEX...]",
+        help="with --pod-labels: copy only the labels whose key one of these matches, as "
+        "dcgm-exporter's --kubernetes-pod-label-allowlist-regex (env POD_LABEL_ALLOWLIST_REGEX)",
+    )
+
+
+def _copied_labels(args: argparse.Namespace) -> Allowlist | None:
+    return Allowlist.parse(args.pod_label_allowlist_regex) if args.pod_labels else None
 
 
 def _run_arguments(live: argparse.ArgumentParser) -> None:
@@ -315,6 +343,7 @@ def _run_arguments(live: argparse.ArgumentParser) -> None:
         "(env RETRY_PERIOD_SECONDS, default %(default)s)",
     )
     add_dra_arguments(live)
+    _pod_label_arguments(live)
     add_claim_status_argument(live)
 
 
@@ -382,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             slim = node_slimmer(DraOptions.of(args) if dra_nodes else None)
             return render(
                 args.nodes, args.pods, args.layout, args.mig_parted_config, dra, args.claims,
-                args.output, slim,
+                args.output, slim, _copied_labels(args),
             )  # fmt: skip
         from status_updater.daemon import run
 
@@ -401,6 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             DraOptions.of(args) if args.dra_node_selector is not None else None,
             Pace(args.kube_api_qps, int(args.kube_api_burst)),
             timing,
+            _copied_labels(args),
         )
     except KeyboardInterrupt:
         return 130

@@ -24,11 +24,12 @@ from typing import Any, Protocol
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from common.podlabels import Allowlist
 from common.selfmetrics import InvalidObjects, kind_of
 from kube.api import Backoff, Obj, Said, describe, list_watch
 from status_updater.claims import read_claim
 from status_updater.dra import DraOptions, node_slimmer
-from status_updater.objects import node_name, pod_key, slim_pod
+from status_updater.objects import node_name, pod_key, pod_slimmer
 from status_updater.state import ClusterState
 from topology import migparted
 from topology.errors import TopologyError
@@ -101,13 +102,15 @@ class Controller:
         resync_s: float = RESYNC_S,
         mig_parted_config: str = migparted.DEFAULT_CONFIGMAP,
         dra: DraOptions | None = None,
+        pod_labels: Allowlist | None = None,
     ) -> None:
         self.core, self.writer, self.is_leader, self.resync_s = core, writer, is_leader, resync_s
         self.turned = time.monotonic()  # when the writer's loop last began a turn
         self.sources = SOURCES if dra is None else DRA_SOURCES
         # What each informer keeps of its objects, as it lists and watches them.
         self._slims: dict[str, Callable[[Obj], Any]] = {
-            "nodes": node_slimmer(dra), "pods": slim_pod, "claims": read_claim}  # fmt: skip
+            "nodes": node_slimmer(dra), "pods": pod_slimmer(pod_labels),
+            "claims": read_claim}  # fmt: skip
         self._ever_listed: set[str] = set()  # informers that listed once (informer threads)
         # The claims' informer: its list call, and what it last said of a 403 or 404 (whether
         # the claims were listed before, and the status; None: not failing so now); its thread

@@ -11,6 +11,7 @@ import time
 import kubernetes
 
 from common import selfmetrics
+from common.podlabels import Allowlist
 from kube.api import ConfigError, Pace, api_client, paced
 from status_updater.claimstatus import ClaimStatusWriter
 from status_updater.controller import Controller, Writer
@@ -43,6 +44,7 @@ def run(
     dra: DraOptions | None = None,
     pace: Pace | None = None,
     timing: Timing = CLIENT_GO,
+    pod_labels: Allowlist | None = None,
 ) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -59,7 +61,7 @@ def run(
         paced(client, pace)
     writer, controller, elector = _components(
         client, layout, lease_name, identity, resync_s, mig_parted_config, dra, lease_client,
-        timing,
+        timing, pod_labels,
     )  # fmt: skip
     stop = threading.Event()
 
@@ -109,6 +111,7 @@ def _components(
     dra: DraOptions | None = None,
     lease_client: kubernetes.client.ApiClient | None = None,
     timing: Timing = CLIENT_GO,
+    pod_labels: Allowlist | None = None,
 ) -> tuple[Writer, Controller, LeaderElector]:
     """The layout's writer (and with DRA on the ResourceSlices'), the controller feeding it, and
     the Lease that says who writes."""
@@ -124,8 +127,9 @@ def _components(
         claims = ClaimStatusWriter(resource) if dra.claim_status else None
         writer = WithSlices(writer, SliceWriter(resource, dra), claims)
     controller = Controller(
-        core, writer, resync_s=resync_s, mig_parted_config=mig_parted_config, dra=dra
-    )
+        core, writer, resync_s=resync_s, mig_parted_config=mig_parted_config, dra=dra,
+        pod_labels=pod_labels,
+    )  # fmt: skip
     elector = LeaderElector(
         kubernetes.client.CoordinationV1Api(lease_client or client),
         lease_name,

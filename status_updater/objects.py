@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from common.podlabels import Allowlist
 from kube.times import timestamp
 from status_updater import usage
 from topology import dra, migparted, runai
@@ -58,11 +59,13 @@ def names(pod: Obj) -> tuple[str, str]:
 
 
 def holder(pod: Obj, container: str) -> AllocatedBy:
-    """The pod container holding a device: its names, and the pod's uid where it has one (a pod
+    """The pod container holding a device: its names, the pod's uid where it has one (a pod
     from a file may not: then none, as dcgm-exporter's pod_uid is empty for a pod it cannot
-    find)."""
+    find), and the labels its slim form copies (`pod_slimmer`)."""
     namespace, name = names(pod)
-    return AllocatedBy(namespace, name, container, str(metadata(pod).get("uid") or ""))
+    meta = metadata(pod)
+    labels = tuple(sorted(strings(meta.get(COPIED_LABELS)).items()))
+    return AllocatedBy(namespace, name, container, str(meta.get("uid") or ""), labels)
 
 
 def pod_key(pod: Obj) -> str:
@@ -194,6 +197,26 @@ def advertised_migs(node: Obj) -> dict[str, str]:
 
 DRA_REFS = "dra-refs"  # in a slim pod: the DRA claims its containers use (claim_refs)
 DRA_KEY = "dra"  # what the state adds for placement: their devices (claims.holds)
+
+
+COPIED_LABELS = "copiedLabels"  # in a slim pod's metadata: the labels the topology carries
+
+
+def pod_slimmer(copy_labels: Allowlist | None) -> Callable[[Obj], dict[str, Any]]:
+    """What the Pod informer keeps of a pod: `slim_pod`, and with `copy_labels` (--pod-labels)
+    the labels it lets through, for the topology's holders."""
+    if copy_labels is None:
+        return slim_pod
+
+    def slim(pod: Obj) -> dict[str, Any]:
+        out = slim_pod(pod)
+        labels = {
+            k: v for k, v in strings(metadata(pod).get("labels")).items() if isinstance(v, str)
+        }
+        out["metadata"][COPIED_LABELS] = copy_labels.keep(labels)
+        return out
+
+    return slim
 
 
 def slim_pod(pod: Obj) -> dict[str, Any]:

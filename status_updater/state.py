@@ -421,16 +421,18 @@ class ClusterState:
         layouts: migparted.Layouts | None = None,
         claims: Iterable[Obj] = (),
         slim: Callable[[Obj], dict[str, Any]] = slim_node,
+        slim_pods: Callable[[Obj], dict[str, Any]] = slim_pod,
     ) -> ClusterState:
         """The settled state of these objects as the API or a file shows them (what `render`
         and the tests start from); `claims`, the DRA ResourceClaims the pods may use; `slim`,
-        what the Node informer keeps of a Node (`dra.node_slimmer`)."""
+        what the Node informer keeps of a Node (`dra.node_slimmer`); `slim_pods`, of a Pod
+        (`objects.pod_slimmer`)."""
         state = cls()
         if layouts is not None:
             state.layouts = layouts
         state.reset_claims(map(dra_claims.read_claim, claims))
         state.reset_nodes(map(slim, nodes))
-        state.reset_pods(map(slim_pod, pods))
+        state.reset_pods(map(slim_pods, pods))
         state.settle()
         return state
 

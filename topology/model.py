@@ -29,6 +29,9 @@ class AllocatedBy:
     pod: str
     container: str
     uid: str = ""  # the pod's metadata.uid (`pod-uid`): dcgm-exporter's pod_uid; "": unknown
+    # The pod's labels (`labels`), where the updater copies them (its --pod-labels): what
+    # dcgm-exporter's --kubernetes-enable-pod-labels reads; sorted by key.
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +212,7 @@ def _dump_status(status: DeviceStatus, indent: str, out: list[str]) -> None:
                 f"{indent}    pod: {q(a.pod)}", f"{indent}    container: {q(a.container)}"]  # fmt: skip
         if a.uid:
             out.append(f"{indent}    pod-uid: {q(a.uid)}")
+        _labels(out, a, f"{indent}    ")
     if status.pod_gpu_usage_status:
         out.append(f"{indent}  pod-gpu-usage-status:")
         for uid, u in sorted(status.pod_gpu_usage_status.items()):
@@ -227,6 +231,7 @@ def _dump_status(status: DeviceStatus, indent: str, out: list[str]) -> None:
             out += [f"{indent}  - replica: {r.index}", f"{indent}    namespace: {q(h.namespace)}",
                     f"{indent}    pod: {q(h.pod)}", f"{indent}    container: {q(h.container)}",
                     f"{indent}    pod-uid: {q(r.pod_uid)}"]  # fmt: skip
+            _labels(out, h, f"{indent}    ")
     if status.dra_claims:
         out.append(f"{indent}  dra-claims:")
         for c in status.dra_claims:
@@ -238,8 +243,15 @@ def _dump_status(status: DeviceStatus, indent: str, out: list[str]) -> None:
                     f"{indent}    container: {q(h.container)}"]  # fmt: skip
             if h.uid:
                 out.append(f"{indent}    pod-uid: {q(h.uid)}")
+            _labels(out, h, f"{indent}    ")
             if c.made:
                 out.append(f"{indent}    made: true")
+
+
+def _labels(out: list[str], holder: AllocatedBy, indent: str) -> None:
+    if holder.labels:
+        out.append(f"{indent}labels:")
+        out += [f"{yamltext.key(k, indent + '  ')} {yamltext.scalar(v)}" for k, v in holder.labels]
 
 
 # --- from the wire -------------------------------------------------------------------------------
@@ -317,11 +329,16 @@ def _holder(r: _Reader, uid: bool = True) -> AllocatedBy:
     """namespace, pod, container (and the pod's uid, where the writer knew it; a replica's is
     its own `pod-uid`, not its holder's)."""
     namespace, pod, container = (r.string(k, empty=True) for k in ("namespace", "pod", "container"))
+    labels: tuple[tuple[str, str], ...] = ()
+    if r.has("labels"):
+        found = r.sub("labels")
+        labels = tuple(sorted((str(k), found.string(k, empty=True)) for k in found.data))
     return AllocatedBy(
         namespace,
         pod,
         container,
         r.string("pod-uid", empty=True) if uid and r.has("pod-uid") else "",
+        labels,
     )
 
 

@@ -97,7 +97,10 @@ def held(url: str, pod: str) -> list[Series]:
     """The pod's copies of one field's series."""
     status, body = get(f"{url}/metrics")
     assert status == 200
-    return [s for s in by_name(parse(body), "DCGM_FI_DEV_FB_USED") if s.label("pod") == pod]
+    # A free device has no pod label (DRA mode is dcgm-exporter 4.8.3's generation).
+    return [
+        s for s in by_name(parse(body), "DCGM_FI_DEV_FB_USED") if dict(s.labels).get("pod") == pod
+    ]
 
 
 def device_of(slices: list[dict[str, Any]], name: str) -> dict[str, Any]:

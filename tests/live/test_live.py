@@ -194,7 +194,9 @@ def test_cluster_changes_reach_the_configmap_and_metrics(daemons: Daemons) -> No
     kube.create("pods", mig_pod("burn", 6, 4384), namespace="runai-p1")
     eventually(lambda: fb(url)["9"] == ("1g.5gb", 4384), timeout=10)
     held = next(d for d in mig_devices(daemons) or [] if d["position"] == 6)
-    assert held["status"]["allocated-by"] == {
+    holder = dict(held["status"]["allocated-by"])
+    assert holder.pop("pod-uid")  # the pod's metadata.uid, for pod_uid
+    assert holder == {
         "namespace": "runai-p1",
         "pod": "burn",
         "container": "main",

@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Iterator
 from functools import cache
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -354,3 +355,91 @@ def test_pod_uid_in_a_generation_without_it_is_one_line_and_exit_2() -> None:
                    "--kubernetes-enable-pod-uid")  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].endswith("has no pod_uid (from 4.8.3)")
+
+
+# --- pod labels ------------------------------------------------------------------------------------
+
+LABELLED_POD = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: trainer
+  namespace: ml
+  uid: 0e1f2a3b-0000-4000-8000-00000000000a
+  labels:
+    app.kubernetes.io/name: trainer
+    pod: clash
+    9lives: cat
+    team: vision
+    __hidden: x
+spec:
+  nodeName: qa-mig-worker-gpu-a100
+  containers:
+  - name: main
+    resources: {limits: {nvidia.com/gpu: '1'}}
+status: {phase: Running}
+"""
+
+
+def labelled(tmp_path: Path, *updater: str) -> Path:
+    (tmp_path / "pod.yaml").write_text(LABELLED_POD)
+    done = run_cli("status_updater", "render", "--nodes", "samples/mig/whole-gpu",
+                   "--pods", str(tmp_path / "pod.yaml"), *updater)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "cm.yaml").write_text(done.stdout)
+    return tmp_path / "cm.yaml"
+
+
+def served_labels(path: Path, *exporter: str) -> list[tuple[str, str]]:
+    done = run_cli("exporter", "--topology-file", str(path), "--node-name",
+                   "qa-mig-worker-gpu-a100", "--hostname", "h", "--once", *exporter)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (clock,) = [s for s in parse(done.stdout) if canonical(s.name) == "DCGM_FI_DEV_SM_CLOCK"]
+    return list(clock.labels)
+
+
+def test_pod_labels_are_sanitised_and_sorted_with_the_label_fields_before_the_attributes(
+    tmp_path: Path,
+) -> None:
+    """dcgm-exporter 4.8.3's SanitizeLabelName and copyPodLabels: `.`/`/` to `_`, a leading
+    digit prefixed, a leading `__` cut to one `_`, a name in use renamed `pod_label_<name>`; in
+    the labels map with DCGM_FI_DRIVER_VERSION, in name order, before container, namespace, pod."""
+    path = labelled(tmp_path, "--pod-labels")
+    labels = served_labels(path, "--dcgm-exporter-version", "4.8.3",
+                           "--kubernetes-enable-pod-labels")  # fmt: skip
+    names = [n for n, _ in labels]
+    assert names[names.index("hostname") + 1 :] == [
+        "DCGM_FI_DRIVER_VERSION", "_9lives", "_hidden", "app_kubernetes_io_name", "pod_label_pod",
+        "team", "container", "namespace", "pod",
+    ]  # fmt: skip
+    assert dict(labels)["pod_label_pod"] == "clash" and dict(labels)["pod"] == "trainer"
+
+
+def test_the_allowlist_matches_anywhere_in_the_raw_key_and_a_bad_pattern_is_skipped(
+    tmp_path: Path,
+) -> None:
+    path = labelled(tmp_path, "--pod-labels")
+    labels = served_labels(path, "--dcgm-exporter-version", "4.8.3", "--kubernetes-enable-pod-labels",
+                           "--kubernetes-pod-label-allowlist-regex", "kubernetes.io,(unclosed",
+                           "--kubernetes-pod-label-allowlist-regex", "^te")  # fmt: skip
+    assert {"app_kubernetes_io_name", "team"} <= {n for n, _ in labels}
+    assert not {"_9lives", "pod_label_pod", "_hidden"} & {n for n, _ in labels}
+
+
+def test_the_updater_copies_only_what_its_allowlist_lets_through_and_nothing_unasked(
+    tmp_path: Path,
+) -> None:
+    assert "labels:" not in labelled(tmp_path).read_text().split("topology.yml")[1]
+    path = labelled(tmp_path, "--pod-labels", "--pod-label-allowlist-regex", "^team$")
+    labels = served_labels(path, "--dcgm-exporter-version", "4.9.0",
+                           "--kubernetes-enable-pod-labels")  # fmt: skip
+    assert dict(labels)["team"] == "vision" and "app_kubernetes_io_name" not in dict(labels)
+
+
+def test_without_the_exporter_flag_the_copied_labels_are_not_served(tmp_path: Path) -> None:
+    path = labelled(tmp_path, "--pod-labels")
+    assert "team" not in dict(served_labels(path, "--dcgm-exporter-version", "4.8.3"))
+    done = run_cli("exporter", "--topology-file", str(path), "--node-name",
+                   "qa-mig-worker-gpu-a100", "--once", "--kubernetes-enable-pod-labels")  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].endswith("has no pod labels (from 4.8.3)")

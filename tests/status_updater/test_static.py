@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+from exporter import dcgm
+from exporter.generations import DEFAULT
 from status_updater.objects import slim_node, slim_pod
 from status_updater.state import ClusterState
 from tests.pipeline.test_golden import FB, NODE, assert_plausible, fb_sums, masked, real
@@ -266,7 +268,9 @@ def test_smallest_profile_everywhere(
     assert topology["is-dynamic-mig-enabled"] is False
     series = parse(export(tmp_path, smallest, name))
     assert all(s.label_names == MIG_LABEL_NAMES for s in series)
-    assert {s.label("GPU_I_PROFILE") for s in series} == {gpu.small}
+    # DCGM's name for it (the default generation's): NVML's but for the H200 (`1g.16gb`).
+    assert {s.label("GPU_I_PROFILE") for s in series} == {
+        dcgm.profile_label(DEFAULT, gpu.small, 1, gpu.mib)}  # fmt: skip
     assert {s.label("modelName") for s in series} == {gpu.model_name}
     per_gpu: dict[str, set[int]] = {}
     for s in by_name(series, FB[0]):
@@ -356,8 +360,8 @@ def test_each_container_gets_its_own_devices_and_the_pod_is_warned_once() -> Non
     migs = [(d.gpu_instance_id, d.status.allocated_by if d.status else None)
             for d in result.gpus[0].mig_devices or ()]  # fmt: skip
     assert migs == [
-        (7, AllocatedBy("default", "job", "m1")),
-        (9, AllocatedBy("default", "job", "m2")),
+        (7, AllocatedBy("default", "job", "m1", "uid-job")),
+        (9, AllocatedBy("default", "job", "m2", "uid-job")),
     ]
     assert [str(w) for w in state.all_warnings()] == [
         "pod default/job: metadata.annotations[run.ai/simulated-fb-used]: expected MiB or a "
@@ -561,7 +565,8 @@ def test_custom_configmap_layout(tmp_path: Path, form: str) -> None:
     # MIG off: whole GPUs, both held by the trainer's nvidia.com/gpu: 2.
     for gpu in gpus[6:]:
         assert "mig-devices" not in gpu
-        trainer = {"namespace": "research", "pod": "trainer", "container": "main"}
+        trainer = {"namespace": "research", "pod": "trainer", "container": "main",
+                   "pod-uid": "7a8b9c0d-1e2f-4a3b-8c4d-5e6f7a8b9c02"}  # fmt: skip
         assert gpu["status"]["allocated-by"] == trainer
     assert held(node) == {(0, 9): ("serving", "inference-0", "server")}
     if form == "configmap":  # the exporter once is enough

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from topology.model import DeviceStatus, MigDevice, Topology
+from topology.model import AllocatedBy, DeviceStatus, MigDevice, Topology
 from topology.yamltext import dump
 
 __all__ = ["dump", "to_dict"]
+
+
+def _labels(holder: AllocatedBy) -> dict[str, Any]:
+    return {"labels": dict(holder.labels)} if holder.labels else {}
 
 
 def _status_to_dict(status: DeviceStatus) -> dict[str, Any]:
@@ -21,7 +25,7 @@ def _status_to_dict(status: DeviceStatus) -> dict[str, Any]:
     if status.allocated_by is not None:
         a = status.allocated_by
         out["allocated-by"] = {"namespace": a.namespace, "pod": a.pod, "container": a.container,
-                               **({"pod-uid": a.uid} if a.uid else {})}  # fmt: skip
+                               **({"pod-uid": a.uid} if a.uid else {}), **_labels(a)}  # fmt: skip
     if status.pod_gpu_usage_status:
         out["pod-gpu-usage-status"] = {
             uid: {
@@ -34,7 +38,7 @@ def _status_to_dict(status: DeviceStatus) -> dict[str, Any]:
     if status.replicas:
         out["replicas"] = [
             {"replica": r.index, "namespace": r.holder.namespace, "pod": r.holder.pod,
-             "container": r.holder.container, "pod-uid": r.pod_uid}
+             "container": r.holder.container, "pod-uid": r.pod_uid, **_labels(r.holder)}
             for r in status.replicas
         ]  # fmt: skip
     if status.dra_claims:
@@ -42,7 +46,7 @@ def _status_to_dict(status: DeviceStatus) -> dict[str, Any]:
             {"claim": c.claim, "claim-namespace": c.claim_namespace, "device": c.device,
              "pool": c.pool, "namespace": c.holder.namespace, "pod": c.holder.pod,
              "container": c.holder.container,
-             **({"pod-uid": c.holder.uid} if c.holder.uid else {}),
+             **({"pod-uid": c.holder.uid} if c.holder.uid else {}), **_labels(c.holder),
              **({"made": True} if c.made else {})}
             for c in status.dra_claims
         ]  # fmt: skip

@@ -167,7 +167,9 @@ _text = st.one_of(
 )
 _usage = st.builds(PodUsage, st.builds(Utilization, st.integers(0, 100), st.integers(0, 100)),
                    st.integers(0, 10**6), st.booleans())  # fmt: skip
-_holder = st.builds(AllocatedBy, _text, _text, _text, _text)  # with or without the pod's uid
+# With or without the pod's uid and labels (sorted by key, as the reader gives them).
+_labels = st.dictionaries(_text, _text, max_size=3).map(lambda d: tuple(sorted(d.items())))
+_holder = st.builds(AllocatedBy, _text, _text, _text, _text, _labels)
 _name = _text.filter(bool)  # a Kubernetes name: never empty
 _status = st.builds(
     DeviceStatus,
