@@ -12,7 +12,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -534,6 +534,54 @@ def _names(args: argparse.Namespace) -> list[tuple[str, str | None, names.Check]
     return found
 
 
+@dataclass(frozen=True)
+class Rule:
+    """A combination of flags the exporter refuses: when `broken`, it stops with `says`."""
+
+    broken: Callable[[argparse.Namespace], bool]
+    says: str
+
+
+def _attributed(a: argparse.Namespace) -> bool:
+    return a.topology_file is not None or a.watch_topology
+
+
+RULES = (
+    Rule(lambda a: a.source == "nvml" and a.all_nodes,
+         "--source nvml reads this machine's GPUs: not with --all-nodes"),
+    Rule(lambda a: a.source == "nvml" and a.watch_topology and a.topology_file is not None,
+         "--watch-topology and --topology-file: one topology, not both"),
+    Rule(lambda a: a.source != "nvml" and a.watch_topology,
+         "--watch-topology goes with --source nvml (the topology source watches anyway)"),
+    Rule(lambda a: not a.node_name and not a.all_nodes and (_attributed(a) or a.source != "nvml"),
+         "--node-name (or env NODE_NAME) is required, or --all-nodes"),
+    Rule(lambda a: a.once and a.topology_file is None and a.source != "nvml",
+         "--once needs --topology-file"),
+    Rule(lambda a: a.once and a.watch_topology, "--once reads a --topology-file, it does not watch"),
+    Rule(lambda a: a.node_selector and not a.all_nodes, "--node-selector goes with --all-nodes"),
+    Rule(lambda a: a.node_selector and a.topology_file is not None,
+         "--node-selector reads Node labels from the cluster: not with --topology-file"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A dcgm-exporter option that only some generations have: its flag (as an argparse
+    destination), the generation table's column that says which, and what the message calls it."""
+
+    flag: str
+    column: str
+    what: str
+
+
+FEATURES = (
+    Feature("kubernetes_enable_dra", "dra", "DRA mode"),
+    Feature("kubernetes_enable_pod_uid", "pod_uid", "pod_uid"),
+    Feature("kubernetes_enable_pod_labels", "pod_labels", "pod labels"),
+    Feature("enable_exporter_metrics", "exporter_metrics", "exporter metrics"),
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -545,23 +593,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     nvml_source = args.source == "nvml"
-    if nvml_source and args.all_nodes:
-        p.error("--source nvml reads this machine's GPUs: not with --all-nodes")
-    if nvml_source and args.watch_topology and args.topology_file is not None:
-        p.error("--watch-topology and --topology-file: one topology, not both")
-    if not nvml_source and args.watch_topology:
-        p.error("--watch-topology goes with --source nvml (the topology source watches anyway)")
-    attributed = args.topology_file is not None or args.watch_topology
-    if not args.node_name and not args.all_nodes and (attributed or not nvml_source):
-        p.error("--node-name (or env NODE_NAME) is required, or --all-nodes")
-    if args.once and args.topology_file is None and not nvml_source:
-        p.error("--once needs --topology-file")
-    if args.once and args.watch_topology:
-        p.error("--once reads a --topology-file, it does not watch")
-    if args.node_selector and not args.all_nodes:
-        p.error("--node-selector goes with --all-nodes")
-    if args.node_selector and args.topology_file is not None:
-        p.error("--node-selector reads Node labels from the cluster: not with --topology-file")
+    for rule in RULES:
+        if rule.broken(args):
+            p.error(rule.says)
     shard = _shard(p, args)
     args.autoshard = _autoshard(p, args)
     if (problem := names.problem(_names(args))) is not None:
@@ -570,19 +604,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     generation = args.dcgm_exporter_version or (
         generations.FIRST_WITH_DRA if args.kubernetes_enable_dra else generations.DEFAULT
     )
-    if args.kubernetes_enable_pod_uid and not generation.pod_uid:
-        p.error(f"--kubernetes-enable-pod-uid: dcgm-exporter {generation.name} has no pod_uid "
-                f"(from {next(g.name for g in generations.GENERATIONS if g.pod_uid)})")  # fmt: skip
-    if args.kubernetes_enable_pod_labels and not generation.pod_labels:
-        p.error(f"--kubernetes-enable-pod-labels: dcgm-exporter {generation.name} has no pod "
-                f"labels (from {next(g.name for g in generations.GENERATIONS if g.pod_labels)})")  # fmt: skip
-    if args.enable_exporter_metrics and not generation.exporter_metrics:
-        p.error(f"--enable-exporter-metrics: dcgm-exporter {generation.name} has no exporter "
-                f"metrics (from {next(g.name for g in generations.GENERATIONS if g.exporter_metrics)})")  # fmt: skip
+    for feature in FEATURES:
+        if getattr(args, feature.flag) and not getattr(generation, feature.column):
+            first = next(g.name for g in generations.GENERATIONS if getattr(g, feature.column))
+            p.error(f"--{feature.flag.replace('_', '-')}: dcgm-exporter {generation.name} has no "
+                    f"{feature.what} (from {first})")  # fmt: skip
     args.runtime = Runtime(generation.go) if args.enable_exporter_metrics else None
-    if args.kubernetes_enable_dra and not generation.dra:
-        p.error(f"--kubernetes-enable-dra: dcgm-exporter {generation.name} has no DRA mode "
-                f"(from {generations.FIRST_WITH_DRA.name})")  # fmt: skip
     try:
         counters = (
             read_counters(args.collectors) if args.collectors else dcgm.default_counters(generation)

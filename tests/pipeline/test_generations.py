@@ -443,3 +443,24 @@ def test_without_the_exporter_flag_the_copied_labels_are_not_served(tmp_path: Pa
                    "qa-mig-worker-gpu-a100", "--once", "--kubernetes-enable-pod-labels")  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].endswith("has no pod labels (from 4.8.3)")
+
+
+def feature_cases() -> Iterator[tuple[str, str]]:
+    from exporter.cli import FEATURES
+
+    for feature in FEATURES:
+        for g in GENERATIONS:
+            if not getattr(g, feature.column):
+                yield feature.flag, g.name
+
+
+@pytest.mark.parametrize(("flag", "version"), list(feature_cases()))
+def test_every_option_a_generation_lacks_is_refused_in_one_line(flag: str, version: str) -> None:
+    """The generation table says which generation has which option; asking another for it is
+    one line and exit 2, whichever option it is."""
+    done = run_cli("exporter", "--topology-file", "samples/mig/topology/a100-40gb-active.yaml",
+                   "--node-name", "qa-mig-worker-gpu-a100", "--once",
+                   "--dcgm-exporter-version", version, f"--{flag.replace('_', '-')}")  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = [ln for ln in done.stderr.splitlines() if "error:" in ln]
+    assert f"dcgm-exporter {version} has no" in line
