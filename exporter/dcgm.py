@@ -121,6 +121,7 @@ class Options:
 
 def gpu_labels(
     options: Options,
+    *,
     index: int,
     uuid: str,
     minor: int,
@@ -131,10 +132,12 @@ def gpu_labels(
     """A GPU's labels in its generation's label set; `bus`, its PCI address where NVML read it
     (a simulated GPU's follows from its index)."""
     g = options.generation
-    if g.bus_label:
-        bus = dra.pci_bus_id(index) if bus is None else bus
-        return GpuLabels(index, uuid, minor, model, options.hostname, fields, bus, g.hostname_label)
-    return GpuLabels(index, uuid, minor, model, options.hostname, fields, None, g.hostname_label)
+    if g.bus_label and bus is None:
+        bus = dra.pci_bus_id(index)
+    return GpuLabels(
+        index=index, uuid=uuid, minor=minor, model=model, hostname=options.hostname,
+        fields=fields, pci_bus_id=bus if g.bus_label else None, hostname_label=g.hostname_label,
+    )  # fmt: skip
 
 
 def profile_label(generation: Generation, nvml_name: str, slices: int, memory_mib: int) -> str:
@@ -206,7 +209,8 @@ def _plans(node: NodeTopology, options: Options) -> list[_GpuPlan]:
     model_name = nvml_model_name(node.gpu_product)
     out = []
     for index, gpu in enumerate(node.gpus):
-        labels = gpu_labels(options, index, gpu.id, index, model_name, _label_fields(options, gpu))
+        labels = gpu_labels(options, index=index, uuid=gpu.id, minor=index, model=model_name,
+                            fields=_label_fields(options, gpu))  # fmt: skip
         mig = gpu.mig_devices is not None and model is not None
         devices: tuple[MigDevice, ...] = ()
         if mig and model is not None and gpu.mig_devices:
@@ -261,8 +265,8 @@ def _subjects(
     ):
         instances = [
             InstanceSeries(
-                profile, dev.gpu_instance_id, dev.status if name_holders else None, r, dev.id,
-                dev.name,
+                profile=profile, gpu_instance_id=dev.gpu_instance_id, reading=r,
+                status=dev.status if name_holders else None, uuid=dev.id, nvml_profile=dev.name,
             )
             for dev, profile, r in zip(plan.devices, plan.profiles, per_instance, strict=True)
         ]  # fmt: skip

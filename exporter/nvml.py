@@ -328,15 +328,18 @@ def entities(
     name_holders = node is not None and (options.mig_pod_labels or not node.is_dynamic_mig_enabled)
     out: list[Subject] = []
     for gpu in sample.gpus:
-        labels = dcgm.gpu_labels(options, gpu.index, gpu.uuid, gpu.minor, gpu.name,
-                                 _label_fields(sample, gpu, options), gpu.pci_bus_id)  # fmt: skip
+        labels = dcgm.gpu_labels(options, index=gpu.index, uuid=gpu.uuid, minor=gpu.minor,
+                                 model=gpu.name, fields=_label_fields(sample, gpu, options),
+                                 bus=gpu.pci_bus_id)  # fmt: skip
         known = whole.get(gpu.uuid)
         # The pods of its instances, by GPU instance id, where they are named.
         named = {d.gpu_instance_id: d for d in known.mig_devices or ()} if known else {}
         instances = [
-            InstanceSeries(_profile(i, options),  i.gpu_instance_id,
-                           d.status if (d := named.get(i.gpu_instance_id)) and name_holders else None,
-                           _reading(gpu.values, i.memory), d.id if d else None, i.profile)
+            InstanceSeries(
+                profile=_profile(i, options), gpu_instance_id=i.gpu_instance_id,
+                status=d.status if (d := named.get(i.gpu_instance_id)) and name_holders else None,
+                reading=_reading(gpu.values, i.memory), uuid=d.id if d else None,
+                nvml_profile=i.profile)
             for i in gpu.instances
         ]  # fmt: skip
         status = known.status if known else None

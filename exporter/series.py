@@ -34,7 +34,7 @@ Labels = tuple[tuple[str, str], ...]  # (name, value) in dcgm-exporter's order
 Subject = tuple[str, Labels, Reading]  # (GPU, MIG or EMPTY, its labels, its values)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GpuLabels:
     """What every series of one GPU is labelled with, whichever source read it."""
 
@@ -48,7 +48,7 @@ class GpuLabels:
     hostname_label: str = "Hostname"  # `hostname` from dcgm-exporter 4.8.3
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class InstanceSeries:
     """One MIG instance of a GPU: its labels, the device whose pods name it, its values."""
 
