@@ -240,8 +240,11 @@ def one_process(name: str, tree: Path, topology: Path, names: list[str], args: a
     def put(key: str, value: float) -> None:
         figures.setdefault(key, []).append(value)
 
+    ours = (
+        ["--dcgm-exporter-version", args.generation] if args.generation and name == "ours" else []
+    )
     for _ in range(args.runs):
-        with exporters(tree, topology, work, name, [[]]) as (proc,):
+        with exporters(tree, topology, work, name, [ours]) as (proc,):
             put("start", proc.wait_ready(args.timeout))
             put("rss ready", proc.rss())
             (step,), (most,) = hold([proc], args.hold)
@@ -398,6 +401,8 @@ def main() -> None:
     p.add_argument("--prometheus-seconds", type=float, default=300)
     p.add_argument("--scrape-interval", default="15s")
     p.add_argument("--timeout", type=float, default=600, help="seconds a start-up may take")
+    p.add_argument("--generation", help="ours as this dcgm-exporter generation (the baseline "
+                   "may have none: it serves its default)")  # fmt: skip
     args = p.parse_args()
     print(f"machine: {machine()}, load {load()}")
     with tempfile.TemporaryDirectory(prefix="bench-many-") as tmp:
