@@ -13,7 +13,7 @@ table); the facts no code or real output could settle are said there, and in the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Literal
@@ -131,46 +131,28 @@ G483 = Generation(
     dra_uuid_always=True,
     exporter_metrics=False,
 )
-G484 = Generation(
+# Each later generation as what changed from the one before.
+G484 = replace(
+    G483,
     name="4.8.4",
+    aliases=(),
     released="2026-09-18",
     dcgm="4.6.1",
     source="tag 4.6.1-4.8.4 (its release PR #745; code read at commits fafd151 and 8dc9e11)",
     counters_file=COUNTERS / "4.8.4.csv",
-    bus_label=True,
-    hostname_label="hostname",
-    free_pod_labels=False,
-    sorted_output=True,
-    value_style="go",
     profile_names="nvml",
-    xid_labels=True,
-    dra=True,
-    pod_labels=True,
-    pod_uid=True,
     dra_pod_uid=True,
     dra_uuid_always=False,
     exporter_metrics=True,
     go="go1.27.1",
 )
-G490 = Generation(
+G490 = replace(
+    G484,
     name="4.9.0",
     released="2026-10",
     dcgm="4.7.0",
     source="its release notes (no 4.9.0 code could be read: as 4.8.4, with DCGM 4.7's names)",
     counters_file=COUNTERS / "4.9.0.csv",
-    bus_label=True,
-    hostname_label="hostname",
-    free_pod_labels=False,
-    sorted_output=True,
-    value_style="go",
-    profile_names="nvml",
-    xid_labels=True,
-    dra=True,
-    pod_labels=True,
-    pod_uid=True,
-    dra_pod_uid=True,
-    dra_uuid_always=False,
-    exporter_metrics=True,
     go="go1.27.3",
 )
 GENERATIONS = (G2022, G483, G484, G490)
