@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter import dcgm
-from exporter.fields import ALIASES, canonical
+from exporter.fields import ALIASES, canonical, parse_counters
 from exporter.generations import (
     DEFAULT,
     G483,
@@ -464,3 +464,38 @@ def test_every_option_a_generation_lacks_is_refused_in_one_line(flag: str, versi
     assert done.returncode == 2 and done.stdout == ""
     (line,) = [ln for ln in done.stderr.splitlines() if "error:" in ln]
     assert f"dcgm-exporter {version} has no" in line
+
+
+def test_a_dra_mig_profile_stays_nvmls_name_whatever_gpu_i_profile_says() -> None:
+    """The ResourceSlice's `profile` and dcgm-exporter's `dra_mig_profile` come from the DRA
+    driver (NVML's names); only GPU_I_PROFILE changes with the generation."""
+    node = sample_nodes()["dra-a100"]
+    for g in (G483, G484, G490):
+        held = [s for s in parse(serve(node, g)) if "dra_mig_profile" in s.label_names]
+        assert held, g.name
+        for s in held:
+            nvml_name = s.label("dra_mig_profile")
+            assert s.label("GPU_I_PROFILE") == (
+                f"MIG {nvml_name}" if g.profile_names == "nvml" else nvml_name  # an A100 40GB's
+            )
+
+
+def test_a_counters_file_may_name_a_field_either_way_and_the_name_says_the_unit() -> None:
+    """As go-dcgm resolves a name to its field: a legacy name keeps its unit in 4.9.0, a
+    base-unit name has its own in 2022."""
+    node = whole_gpu_node("NVIDIA-A100-SXM4-40GB")
+    text = "\n".join(("DCGM_FI_DEV_SM_CLOCK, gauge, MHz", "DCGM_FI_DEV_SM_CLOCK_HERTZ, gauge, Hz",
+                      "DCGM_FI_DEV_FB_FREE_BYTES, gauge, bytes", "DCGM_FI_DEV_FB_FREE, gauge, MiB",
+                      "DCGM_FI_SYSTEM_DRIVER_VERSION, label, driver"))  # fmt: skip
+    counters, warnings = parse_counters(text, "test")
+    assert warnings == []
+    for g in (DEFAULT, G490):
+        served = {s.name: s for s in parse(dcgm.render(
+            node, dcgm.Options("h", generation=g, counters=counters), NOW).decode())}  # fmt: skip
+        assert (
+            served["DCGM_FI_DEV_SM_CLOCK_HERTZ"].value == served["DCGM_FI_DEV_SM_CLOCK"].value * 1e6
+        )
+        assert (
+            served["DCGM_FI_DEV_FB_FREE_BYTES"].value == served["DCGM_FI_DEV_FB_FREE"].value * 2**20
+        )
+        assert served["DCGM_FI_DEV_SM_CLOCK"].label("DCGM_FI_SYSTEM_DRIVER_VERSION")
