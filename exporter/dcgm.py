@@ -140,6 +140,7 @@ def gpu_labels(
     )  # fmt: skip
 
 
+@lru_cache(maxsize=1024)  # one name object for every instance of a profile, node after node
 def profile_label(generation: Generation, nvml_name: str, slices: int, memory_mib: int) -> str:
     """`GPU_I_PROFILE` as the generation names a MIG profile. DCGM names a GPU instance from its
     profile's NVML figures, `<slices>g.<ceil(MiB / 1024)>gb` (DcgmCacheManager.cpp's
@@ -339,7 +340,7 @@ def subject_fragments(subjects: Iterable[Subject], options: Options) -> dict[str
     """The series lines of `entities`' subjects (simulated or read), per family: a value the
     source does not have (None) has no line."""
     subjects = list(subjects)
-    return _families(options, _label_texts(subjects), [r for _, _, r in subjects])
+    return _families(options, _label_texts(subjects, options), [r for _, _, r in subjects])
 
 
 # A label text and where DCGM_FI_DEV_XID_ERRORS's err_code and err_msg go in it: among the
@@ -349,13 +350,20 @@ LabelText = tuple[str, str, int]  # (kind, text, where err_* go)
 _AFTER_ERR = frozenset({"namespace", "pod", "pod_uid", "vgpu"})
 
 
-def _label_texts(subjects: list[Subject]) -> list[LabelText]:
+def _label_texts(subjects: list[Subject], options: Options) -> list[LabelText]:
+    """Each subject's label text; where err_* go only where the generation writes them (an int
+    per series held, 5,000 nodes' worth, is worth keeping only then)."""
+    xid = options.generation.xid_labels and any(
+        canonical(c.field.name) == XID_ERRORS for c in options.counters.metrics
+    )
     out = []
     for kind, labels, _ in subjects:
         parts = [f'{k}="{_escape(v)}"' for k, v in labels]
+        if not xid:
+            out.append((kind, ",".join(parts), 0))
+            continue
         cut = next((i for i, (k, _) in enumerate(labels) if k in _AFTER_ERR), len(labels))
-        head = ",".join(parts[:cut])
-        out.append((kind, ",".join(parts), len(head)))
+        out.append((kind, ",".join(parts), len(",".join(parts[:cut]))))
     return out
 
 
@@ -413,7 +421,7 @@ class NodeSeries:
         self.node, self.options = node, options
         self._plans = _plans(node, options)
         subjects, self._shape = _subjects(node, self._plans, options, now)
-        self.texts = _label_texts(subjects)  # (kind, label text, err cut) of each, in order
+        self.texts = _label_texts(subjects, options)  # (kind, label text, err cut), in order
         self._values = [tuple(r) for _, _, r in subjects]
         self._parts: dict[str, bytes] | None = None
 

@@ -38,19 +38,28 @@ def go_value(value: float, decimal: bool) -> str:
     f = float(f"{value:.6f}") if decimal else float(value)
     if f == 0:
         return "0"
-    if f.is_integer() and -1e6 < f < 1e6:
-        return str(int(f))
+    if f.is_integer() and -_EXACT < f < _EXACT:  # an integer a float holds exactly: its digits
+        n = int(f)
+        if -1_000_000 < n < 1_000_000:
+            return str(n)
+        digits = str(abs(n))
+        mantissa = digits.rstrip("0")
+        point = "." + mantissa[1:] if len(mantissa) > 1 else ""
+        return f"{'-' if n < 0 else ''}{mantissa[0]}{point}e+{len(digits) - 1:02d}"
     text = repr(f)  # Python's repr is the shortest round-trip digits too
     if "e" not in text and 1e-4 <= abs(f) < 1e6:
         return text
-    sign, digits, exponent = Decimal(text).normalize().as_tuple()
+    sign, digits_, exponent = Decimal(text).normalize().as_tuple()
     assert isinstance(exponent, int)
-    magnitude = len(digits) + exponent - 1  # the power of ten of the first digit
-    mantissa = "".join(map(str, digits))
+    magnitude = len(digits_) + exponent - 1  # the power of ten of the first digit
+    mantissa = "".join(map(str, digits_))
     mantissa = mantissa[0] + ("." + mantissa[1:] if len(mantissa) > 1 else "")
     if -4 <= magnitude < 6:  # only reached for repr's own exponent forms
         return format(Decimal(text).normalize(), "f")
     return f"{'-' if sign else ''}{mantissa}e{'-' if magnitude < 0 else '+'}{abs(magnitude):02d}"
+
+
+_EXACT = float(2**53)  # below it a float's integer value has no more digits than its shortest form
 
 
 @dataclass(frozen=True, kw_only=True)

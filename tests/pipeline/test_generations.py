@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
+from decimal import Decimal
 from functools import cache
 from pathlib import Path
 
@@ -499,3 +500,24 @@ def test_a_counters_file_may_name_a_field_either_way_and_the_name_says_the_unit(
             served["DCGM_FI_DEV_FB_FREE_BYTES"].value == served["DCGM_FI_DEV_FB_FREE"].value * 2**20
         )
         assert served["DCGM_FI_DEV_SM_CLOCK"].label("DCGM_FI_SYSTEM_DRIVER_VERSION")
+
+
+def go_shortest(f: float) -> str:
+    """Go's `strconv.FormatFloat(f, 'g', -1, 64)`, written from its rule alone: the shortest
+    digits that read back as f, in exponent form when the exponent is below -4 or from 6."""
+    if f == 0:
+        return "0"
+    sign, digits, exponent = Decimal(repr(f)).normalize().as_tuple()
+    assert isinstance(exponent, int)
+    magnitude = len(digits) + exponent - 1
+    text = "".join(map(str, digits))
+    if -4 <= magnitude < 6:
+        return format(Decimal(repr(f)).normalize(), "f")
+    mantissa = text[0] + ("." + text[1:] if len(text) > 1 else "")
+    return f"{'-' if sign else ''}{mantissa}e{'-' if magnitude < 0 else '+'}{abs(magnitude):02d}"
+
+
+@settings(derandomize=True, max_examples=examples(500), deadline=None)
+@given(st.one_of(st.integers(-(2**60), 2**60), st.floats(allow_nan=False, allow_infinity=False)))
+def test_the_value_form_is_gos_for_any_integer_or_double(value: float) -> None:
+    assert go_value(value, False) == go_shortest(float(value))
