@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter, deque
 from collections.abc import Collection
+from dataclasses import replace
 
 from status_updater.objects import Ask, Obj, mig_profile, pod_ref, pod_uid, requests
 from status_updater.objects import holder as objects_holder
@@ -36,7 +37,8 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
     usages: dict[Device, PodUsage] = {}
     for (g, d, r), ask in allocate(requests(pod), kept, take).items():
         holder = objects_holder(pod, ask.container)
-        board.replicas.setdefault((g, d), {})[r] = Replica(r, holder, uid)
+        # The replica's pod_uid says whose it is; its holder names the container only.
+        board.replicas.setdefault((g, d), {})[r] = Replica(r, replace(holder, uid=""), uid)
         if (g, d) not in usages:
             most, share = _replica_memory(board, g, d)
             usages[g, d] = pod_usage(pod, obj, most, warnings, share)

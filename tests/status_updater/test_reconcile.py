@@ -353,7 +353,10 @@ def test_a_node_that_only_advertises_mig_resources_gets_those_instances() -> Non
     assert [len(g.mig_devices or ()) for g in topology.nodes["single"].gpus] == [3, 3]
     held = [d for g in topology.nodes["single"].gpus for d in g.mig_devices or () if d.status]
     assert [(d.status.allocated_by, d.gpu_instance_id) for d in held if d.status] == [
-        (AllocatedBy("ns", "server", "c"), 3)  # GPU 0's lowest GI (2g at 4: GI 3, halves swapped)
+        (
+            AllocatedBy("ns", "server", "c", "uid-server"),
+            3,
+        )  # GPU 0's lowest GI (2g at 4: GI 3, halves swapped)
     ]
     assert topology.nodes["too-many"].gpus[0].mig_devices == ()
     assert [str(w) for w in warnings] == [
@@ -421,7 +424,9 @@ def test_whole_gpus_of_a_dynamic_mig_node_go_oldest_first_and_stay() -> None:
     result = state.results["dyn"]
     assert isinstance(result, NodeTopology)
     status = result.gpus[1].status
-    assert status is not None and status.allocated_by == AllocatedBy("ns", "early", "c")
+    assert status is not None and status.allocated_by == AllocatedBy(
+        "ns", "early", "c", "uid-early"
+    )
     assert list(status.pod_gpu_usage_status) == ["uid-early"]
     assert [str(w) for w in state.all_warnings()] == [
         "pod ns/late: metadata.annotations[run.ai/simulated-fb-used]: expected MiB or a percentage, got 'lots'",
@@ -445,9 +450,9 @@ def test_claims_on_a_run_ai_node_that_cannot_be_met_are_one_line_each() -> None:
     del z["spec"]["containers"]  # no container to name
     topology, warnings = reconcile([REAL_NODE], [second, wrong, far, a, z, first])
     assert {p: d.status.allocated_by for p, d in devices(topology).items() if d.status} == {
-        0: AllocatedBy("alpha", "z", ""),
-        4: AllocatedBy("team", "first", "main"),
-        6: AllocatedBy("team", "wrong", "main"),
+        0: AllocatedBy("alpha", "z", "", "uid-z"),
+        4: AllocatedBy("team", "first", "main", "uid-first"),
+        6: AllocatedBy("team", "wrong", "main", "uid-wrong"),
     }
     assert [str(w) for w in warnings] == [
         "pod beta/a: metadata.annotations[runai-mig-device]: device already held by pod alpha/z",
