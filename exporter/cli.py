@@ -7,45 +7,29 @@ import argparse
 import gc
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from typing import Literal
 
 from common.podlabels import Allowlist
 from common.process import CLUSTER_ENVIRONMENT, env_switch, not_utf8
 from exporter import dcgm, generations, nvml
-from exporter.collector import DEFAULT_INTERVAL_MS, NvmlExporter
+from exporter.collector import DEFAULT_INTERVAL_MS
 from exporter.fields import CountersError, read_counters
-from exporter.many import NodesExporter
-from exporter.node import missing_node, node_of
 from exporter.runtime import Runtime
-from exporter.service import Exporter
 from exporter.shards import Shard, ordinal
-from exporter.sources import (
-    file_obj,
-    file_source,
-    node_watches,
-    nodes_watches,
-    read_topology_file,
-    watch_own_statefulset,
-)
+from exporter.wiring import EXIT_USAGE, Autoshard, Settings, _once, serve
 from kube import names
 from kube.api import port
 from topology import dra
 from topology.errors import TopologyError
-from topology.model import NodeTopology, Topology
 from topology.settings import add_layout_argument, topology_name, topology_namespace
-from web.config import WebConfigError, load
-from web.listen import host_port
-from web.server import EVERY_ADDRESS, MetricsServer, Published
+from web.config import WebConfigError
+from web.server import EVERY_ADDRESS
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 log = logging.getLogger("exporter")
 # Every variable the exporter reads: one that is not UTF-8 is refused at the start.
 ENVIRONMENT = (
@@ -171,18 +155,6 @@ def _count(text: str) -> int:
     if not (text.isascii() and text.isdigit() and len(text) <= 6):
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
     return int(text)
-
-
-@dataclass(frozen=True)
-class Autoshard:
-    """Sharding by the pod's StatefulSet (kube-state-metrics' autosharding): asked for with
-    `--pod`, or found, when the platform's downward API names the pod (POD_NAME, POD_NAMESPACE),
-    by looking the pod's owner up. `required`: asked for, so a pod no StatefulSet owns serves no
-    node; found: it serves every node, said once."""
-
-    pod: str
-    namespace: str
-    required: bool
 
 
 def _autoshard(p: argparse.ArgumentParser, args: argparse.Namespace) -> Autoshard | None:
@@ -374,146 +346,6 @@ def milliseconds(text: str) -> int:
     return value
 
 
-def _once(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None) -> int:
-    path: Path = args.topology_file
-    obj = file_obj(path)
-    # A shard leaves other nodes' ConfigMaps unread, as it does serving.
-    topology = read_topology_file(path, shard.owns if shard is not None else None)
-    if args.all_nodes:
-        # As `render` does: a bad node is one warning, and every other node is printed.
-        good = {}
-        for name in sorted(topology.nodes.keys() | topology.invalid.keys()):
-            try:
-                good[name] = _node_in(topology, name, obj)
-            except TopologyError as e:
-                print(f"warning: {e}", file=sys.stderr)
-        many = NodesExporter(options, Published(), shard=shard)
-        many.update(Topology(topology.mig_strategy, good), obj)
-        sys.stdout.buffer.write(many.snapshot().body)
-        return EXIT_OK
-    node = _node_in(topology, args.node_name, obj)
-    sys.stdout.buffer.write(dcgm.render(node, options, time.time()))
-    return EXIT_OK
-
-
-def _node_in(topology: Topology, node_name: str, obj: str) -> NodeTopology:
-    """The node's checked entry; TopologyError when it is bad or not there."""
-    node = node_of(topology, node_name, obj)
-    if node is None:
-        raise missing_node(topology, node_name, obj)
-    return node
-
-
-def _attribution(args: argparse.Namespace) -> NodeTopology | None:
-    """--source nvml --once: the node whose pods name the GPUs, from --topology-file if given."""
-    if args.topology_file is None:
-        return None
-    obj = file_obj(args.topology_file)
-    return _node_in(read_topology_file(args.topology_file), args.node_name, obj)
-
-
-def _nvml_once(args: argparse.Namespace, options: dcgm.Options) -> int:
-    node = _attribution(args)
-    nv = nvml.open_nvml()
-    try:
-        sample = nvml.collect(nv)
-    except nvml.CollectionFailed as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    finally:
-        _shutdown(nv)
-    sys.stdout.buffer.write(nvml.render(sample, options, node))
-    return EXIT_OK
-
-
-def _shutdown(nv: ModuleType) -> None:
-    try:
-        nv.nvmlShutdown()
-    except nv.NVMLError as e:  # nothing left to do about it
-        log.debug("nvmlShutdown: %s", e)
-
-
-# How long a thread may hold the interpreter while another waits for it. A scrape's thread waits
-# at each system call while the render loop computes a step: at Python's 5 ms, pages of 5,000
-# nodes scraped 133 times a second took 145 ms at p99; at 0.5 ms, 20 ms (bench/many.py).
-SWITCH_INTERVAL_S = 0.0005
-
-
-def serve(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None = None) -> int:
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    # First: a web config that cannot be used must stop the exporter before it serves anything,
-    # not leave it serving in the clear.
-    web = load(args.web_config_file) if args.web_config_file is not None else None
-    stop = threading.Event()
-    published = Published()
-    exporter: Exporter | NodesExporter | NvmlExporter
-    many: NodesExporter | None = None
-    nv: ModuleType | None = None
-    if args.source == "nvml":
-        nv = nvml.open_nvml()  # no NVML, no GPU: said before anything listens
-        interval_s = args.collect_interval / 1000
-        exporter = NvmlExporter(nv, options, published, interval_s, args.node_name)
-    elif args.all_nodes:
-        autoshard = args.autoshard
-        exporter = many = NodesExporter(
-            options, published, node_selector=args.node_selector, shard=shard,
-            autoshard=f"StatefulSet of pod {autoshard.namespace}/{autoshard.pod}"
-            if autoshard is not None else None,
-        )  # fmt: skip
-    else:
-        exporter = Exporter(args.node_name, options, published)
-
-    def shutdown(*_: object) -> None:
-        stop.set()
-        exporter.wake.set()  # the render loop sleeps on it between utilization steps
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, shutdown)
-    sources: list[threading.Thread] = []
-    if args.topology_file is not None:
-        sources = [file_source(args.topology_file, exporter.sink, stop)]
-    elif args.source == "topology" or args.watch_topology:
-        from kube.api import ConfigError, api_client
-
-        try:
-            client = api_client(args.kubeconfig)
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return EXIT_USAGE
-        if many is None:
-            sources = node_watches(exporter.sink, stop, client, args.layout, args.node_name)
-        else:
-            sources = nodes_watches(many, stop, client, args.layout, args.node_selector)
-        if many is not None and (found := args.autoshard) is not None:
-            sources.append(threading.Thread(
-                target=watch_own_statefulset,
-                args=(many, stop, client, found.pod, found.namespace, found.required),
-                daemon=True,
-            ))  # fmt: skip
-    try:
-        server = MetricsServer(published, args.address, args.port, web, runtime=args.runtime)
-    except OSError as e:
-        where = host_port(args.address, args.port)
-        print(f"error: cannot listen on {where}: {e.strerror}", file=sys.stderr)
-        return EXIT_USAGE
-    server.start()
-    for source in sources:
-        source.start()
-    what = (
-        "this machine's GPUs through NVML"
-        if nv is not None
-        else "every node"
-        if args.all_nodes
-        else f"node {args.node_name}"
-    )
-    log.info("serving %s on %s", what, server.url("/metrics"))
-    exporter.run(stop, sources)
-    server.stop()
-    if nv is not None:
-        _shutdown(nv)
-    return EXIT_OK
-
-
 def _names(args: argparse.Namespace) -> list[tuple[str, str | None, names.Check]]:
     """Every name and selector the exporter asks the API by (what says it, its value, the
     API's rule): none with a topology file."""
@@ -582,6 +414,41 @@ FEATURES = (
 )
 
 
+def _options(args: argparse.Namespace, generation: generations.Generation) -> dcgm.Options:
+    """The series' settings; CountersError when the counters file cannot be used."""
+    counters = (
+        read_counters(args.collectors) if args.collectors else dcgm.default_counters(generation)
+    )
+    return dcgm.Options(
+        hostname=args.hostname,
+        driver_version=args.driver_version
+        or (dra.DRA_DRIVER if args.kubernetes_enable_dra else dcgm.DEFAULT_DRIVER_VERSION),
+        counters=counters,
+        mig_pod_labels=args.mig_pod_labels,
+        virtual_gpus=args.kubernetes_virtual_gpus,
+        generation=generation,
+        dra=args.kubernetes_enable_dra,
+        pod_uid=args.kubernetes_enable_pod_uid,
+        pod_labels=Allowlist.parse(args.kubernetes_pod_label_allowlist_regex)
+        if args.kubernetes_enable_pod_labels else None,
+        dra_claim_status=args.dra_claim_status,
+    )  # fmt: skip
+
+
+def settings(args: argparse.Namespace, options: dcgm.Options, shard: Shard | None) -> Settings:
+    mode: Literal["node", "all-nodes", "nvml"] = (
+        "nvml" if args.source == "nvml" else "all-nodes" if args.all_nodes else "node"
+    )
+    return Settings(
+        mode=mode, options=options, node_name=args.node_name or "", topology_file=args.topology_file,
+        watch_topology=args.watch_topology, once=args.once, kubeconfig=args.kubeconfig,
+        layout=args.layout, node_selector=args.node_selector, shard=shard,
+        autoshard=args.autoshard, address=args.address, port=args.port,
+        web_config_file=args.web_config_file, collect_interval_s=args.collect_interval / 1000,
+        runtime=Runtime(options.generation.go) if args.enable_exporter_metrics else None,
+    )  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -592,7 +459,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     p = parser()
     args = p.parse_args(argv)
-    nvml_source = args.source == "nvml"
     for rule in RULES:
         if rule.broken(args):
             p.error(rule.says)
@@ -609,37 +475,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             first = next(g.name for g in generations.GENERATIONS if getattr(g, feature.column))
             p.error(f"--{feature.flag.replace('_', '-')}: dcgm-exporter {generation.name} has no "
                     f"{feature.what} (from {first})")  # fmt: skip
-    args.runtime = Runtime(generation.go) if args.enable_exporter_metrics else None
     try:
-        counters = (
-            read_counters(args.collectors) if args.collectors else dcgm.default_counters(generation)
-        )
+        options = _options(args, generation)
     except CountersError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    options = dcgm.Options(
-        hostname=args.hostname,
-        driver_version=args.driver_version
-        or (dra.DRA_DRIVER if args.kubernetes_enable_dra else dcgm.DEFAULT_DRIVER_VERSION),
-        counters=counters,
-        mig_pod_labels=args.mig_pod_labels,
-        virtual_gpus=args.kubernetes_virtual_gpus,
-        generation=generation,
-        dra=args.kubernetes_enable_dra,
-        pod_uid=args.kubernetes_enable_pod_uid,
-        pod_labels=Allowlist.parse(args.kubernetes_pod_label_allowlist_regex)
-        if args.kubernetes_enable_pod_labels
-        else None,
-        dra_claim_status=args.dra_claim_status,
-    )
+    run = settings(args, options, shard)
     try:
-        if args.once:
-            return _nvml_once(args, options) if nvml_source else _once(args, options, shard)
+        if run.once:
+            return _once(run)
         # The first read builds what the daemon then keeps (5,000 nodes: millions of objects):
         # the cyclic collector walked all of it again and again as it grew, 4 of 13 s of
         # start-up. It waits until the render loop settles (loop.settle), or the return.
         gc.disable()
-        return serve(args, options, shard)
+        return serve(run)
     except (TopologyError, WebConfigError, nvml.NvmlUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE

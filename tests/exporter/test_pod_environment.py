@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from exporter import cli, dcgm
+from exporter import cli, dcgm, wiring
 from exporter.many import NodesExporter
 from exporter.shards import shard_of
 from exporter.sources import watch_own_statefulset
@@ -68,7 +68,7 @@ def test_only_a_statefulset_s_pod_named_by_the_platform_is_looked_up_to_shard(
         built.append(kwargs)
         raise Built
 
-    monkeypatch.setattr(cli, "NodesExporter", record)
+    monkeypatch.setattr(wiring, "NodesExporter", record)
     for name, value in (("POD_NAME", pod), ("POD_NAMESPACE", namespace)):
         if value is None:
             monkeypatch.delenv(name, raising=False)

@@ -240,7 +240,7 @@ def test_shard_flags_are_checked_and_the_ordinal_read_from_the_pod_name(
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
     given: list[Shard | None] = []
-    monkeypatch.setattr(cli, "_once", lambda args, options, shard: given.append(shard) or 0)
+    monkeypatch.setattr(cli, "_once", lambda settings: given.append(settings.shard) or 0)
     monkeypatch.setenv("POD_NAME", "nvidia-dcgm-exporter-all-nodes-3")
     assert cli.main([*base, "--all-nodes", "--total-shards", "4"]) == 0
     monkeypatch.setenv("TOTAL_SHARDS", "5")
