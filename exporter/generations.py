@@ -119,7 +119,9 @@ G2022 = Generation(
     dra_uuid_always=True,
     exporter_metrics=False,
 )
-G483 = Generation(
+# Each later generation as what changed from the one before.
+G483 = replace(
+    G2022,
     name="4.8.3",
     aliases=("4.8",),
     released="2026-07-15",
@@ -131,16 +133,11 @@ G483 = Generation(
     free_pod_labels=False,
     sorted_output=True,
     value_style="go",
-    profile_names="dcgm",
     xid_labels=True,
     dra=True,
     pod_labels=True,
     pod_uid=True,
-    dra_pod_uid=False,
-    dra_uuid_always=True,
-    exporter_metrics=False,
 )
-# Each later generation as what changed from the one before.
 G484 = replace(
     G483,
     name="4.8.4",

@@ -115,6 +115,14 @@ def static_topology(tmp_path: Path) -> Path:
     return path
 
 
+def prometheus_binary() -> str:
+    binary = shutil.which("prometheus")
+    assert binary, (
+        "prometheus is required: run ./scripts/install-test-tools (Debian package prometheus)"
+    )
+    return binary
+
+
 def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     out = log.open("wb")
     return subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=out)
@@ -124,10 +132,7 @@ def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Two exporters and one Prometheus scraping them every second, shared by this module's tests."""
     tmp_path = tmp_path_factory.mktemp("prometheus")
-    binary = shutil.which("prometheus")
-    assert binary, (
-        "prometheus is required: run ./scripts/install-test-tools (Debian package prometheus)"
-    )
+    binary = prometheus_binary()
     procs = []
     targets = []
     exporters = (("mig", MIG_NODE, SAMPLES / "topology" / "a100-40gb-active.yaml", []),

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -44,6 +43,7 @@ from tests.live.test_prometheus import (
     STATIC_NODE,
     WHOLE_NODE,
     grafana_regex,
+    prometheus_binary,
     query_at,
     resolve_variables,
     start,
@@ -103,10 +103,7 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp_path = tmp_path_factory.mktemp("generations")
-    binary = shutil.which("prometheus")
-    assert binary, (
-        "prometheus is required: run ./scripts/install-test-tools (Debian package prometheus)"
-    )
+    binary = prometheus_binary()
     nodes = (("mig", MIG_NODE, near_full_mig_topology(tmp_path)),
              ("whole", WHOLE_NODE, whole_gpu_topology(tmp_path)),
              ("static", STATIC_NODE, static_topology(tmp_path)))  # fmt: skip
