@@ -202,7 +202,7 @@ def test_families_hold_only_the_fields_served_where_they_are_served() -> None:
 
 
 def test_the_default_counters_give_each_field_its_declared_type_and_help() -> None:
-    """default-counters.csv is the dumps' field set: what it says of a field is the field's own
+    """counters/2022.csv, the default, is the dumps' field set: what it says of a field is the field's own
     declaration (fields.FIELDS), so the two cannot drift apart."""
     for counter in dcgm.default_counters().metrics:
         assert (counter.type, counter.help) == (counter.field.type, counter.field.help), counter
