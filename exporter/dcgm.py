@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
@@ -322,13 +322,15 @@ def writable(value: float) -> bool:
         return False
 
 
-def value_text(value: float, decimal: bool, generation: Generation = DEFAULT) -> str | None:
-    """As the generation's dcgm-exporter prints a field (`Generation.value_text`). None for a
-    value that is not `writable`: its series is left out, as dcgm-exporter leaves out a value
-    DCGM has not got, rather than fail the scrape of every other series."""
+def value_text(
+    value: float, decimal: bool, write: Callable[[float, bool], str] = DEFAULT.value_text
+) -> str | None:
+    """As a generation's dcgm-exporter prints a field (`write`: its `Generation.value_text`).
+    None for a value that is not `writable`: its series is left out, as dcgm-exporter leaves
+    out a value DCGM has not got, rather than fail the scrape of every other series."""
     if not writable(value):
         return None
-    return generation.value_text(value, decimal)
+    return write(value, decimal)
 
 
 def fragments(node: NodeTopology, options: Options, now: float) -> dict[str, bytes]:
@@ -353,9 +355,7 @@ _AFTER_ERR = frozenset({"namespace", "pod", "pod_uid", "vgpu"})
 def _label_texts(subjects: list[Subject], options: Options) -> list[LabelText]:
     """Each subject's label text; where err_* go only where the generation writes them (an int
     per series held, 5,000 nodes' worth, is worth keeping only then)."""
-    xid = options.generation.xid_labels and any(
-        canonical(c.field.name) == XID_ERRORS for c in options.counters.metrics
-    )
+    xid = options.generation.xid_labels and any(map(_is_xid, options.counters.metrics))
     out = []
     for kind, labels, _ in subjects:
         parts = [f'{k}="{_escape(v)}"' for k, v in labels]
@@ -377,16 +377,16 @@ def _families(options: Options, texts: list[LabelText], values: list[Reading]) -
 def _family(
     c: Counter, texts: list[LabelText], values: list[Reading], generation: Generation
 ) -> bytes:
-    f, scale = c.field, c.scale
+    f, scale, write = c.field, c.scale, generation.value_text
     decimal = f.decimal or not float(scale).is_integer()
-    xid = generation.xid_labels and canonical(f.name) == XID_ERRORS
+    xid = generation.xid_labels and _is_xid(c)
     lines = []
     for (kind, text, cut), reading in zip(texts, values, strict=True):
         if kind not in f.where or (value := f.read(reading)) is None:
             continue
         if scale != 1:
             value = value * scale
-        if (sample := value_text(value, decimal, generation)) is None:
+        if (sample := value_text(value, decimal, write)) is None:
             continue
         if xid:
             text = _with_xid(text, cut, int(value))
@@ -395,6 +395,12 @@ def _family(
 
 
 XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
+
+
+def _is_xid(c: Counter) -> bool:
+    """Whether the family is the last Xid's, under either of its names (a Field is declared by
+    its legacy name)."""
+    return c.field.name == XID_ERRORS
 
 
 def _with_xid(text: str, cut: int, code: int) -> str:

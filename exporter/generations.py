@@ -13,6 +13,7 @@ table); the facts no code or real output could settle are said there, and in the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
@@ -92,10 +93,10 @@ class Generation:
     go: str = ""  # the Go release it was built with (go_info), where known
     aliases: tuple[str, ...] = ()
 
-    def value_text(self, value: float, decimal: bool) -> str:
-        return (
-            go_value(value, decimal) if self.value_style == "go" else printf_value(value, decimal)
-        )
+    @property
+    def value_text(self) -> Callable[[float, bool], str]:
+        """How it writes a value (an integer, or a double when `decimal`)."""
+        return go_value if self.value_style == "go" else printf_value
 
 
 G2022 = Generation(

@@ -16,11 +16,11 @@ read as a real one (docs/upgrade.md).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import generate_latest
 from prometheus_client.process_collector import ProcessCollector
+
+from common import selfmetrics
 
 CODES = ("200", "500", "503")  # what promhttp's InstrumentMetricHandler pre-initialises
 
@@ -51,7 +51,7 @@ class Runtime:
             self._serving += 1
             serving, served = self._serving, self._served
         try:
-            return generate_latest(_Families(self._families(serving, served)))
+            return selfmetrics.exposition(*self._families(serving, served))
         finally:
             with self._lock:
                 self._serving -= 1
@@ -68,20 +68,12 @@ class Runtime:
         for code in CODES:
             requests.add_metric([code], served if code == "200" else 0)
         return [
-            GaugeMetricFamily("go_goroutines", "Number of goroutines that currently exist.",
-                              value=threading.active_count()),
+            selfmetrics.gauge("go_goroutines", "Number of goroutines that currently exist.",
+                              threading.active_count()),
             info,
-            GaugeMetricFamily("go_threads", "Number of OS threads created.", value=_os_threads()),
+            selfmetrics.gauge("go_threads", "Number of OS threads created.", _os_threads()),
             *sorted(self._process.collect(), key=lambda m: m.name),
-            GaugeMetricFamily("promhttp_metric_handler_requests_in_flight",
-                              "Current number of scrapes being served.", value=serving),
+            selfmetrics.gauge("promhttp_metric_handler_requests_in_flight",
+                              "Current number of scrapes being served.", serving),
             requests,
         ]  # fmt: skip
-
-
-class _Families:
-    def __init__(self, families: Iterable[Metric]) -> None:
-        self._families = list(families)
-
-    def collect(self) -> Iterable[Metric]:
-        return self._families
