@@ -373,6 +373,7 @@ metadata:
     9lives: cat
     team: vision
     __hidden: x
+    Alpha-team: first
 spec:
   nodeName: qa-mig-worker-gpu-a100
   containers:
@@ -409,7 +410,9 @@ def test_pod_labels_are_sanitised_and_sorted_with_the_label_fields_before_the_at
     labels = served_labels(path, "--dcgm-exporter-version", "4.8.3",
                            "--kubernetes-enable-pod-labels")  # fmt: skip
     names = [n for n, _ in labels]
+    # One map, sorted by name as bytes: a label before `DCGM_…` comes before the driver's.
     assert names[names.index("hostname") + 1 :] == [
+        "Alpha_team",
         "DCGM_FI_DRIVER_VERSION", "_9lives", "_hidden", "app_kubernetes_io_name", "pod_label_pod",
         "team", "container", "namespace", "pod",
     ]  # fmt: skip
@@ -521,3 +524,16 @@ def go_shortest(f: float) -> str:
 @given(st.one_of(st.integers(-(2**60), 2**60), st.floats(allow_nan=False, allow_infinity=False)))
 def test_the_value_form_is_gos_for_any_integer_or_double(value: float) -> None:
     assert go_value(value, False) == go_shortest(float(value))
+
+
+def test_label_fields_come_in_name_order_from_4_8_3_and_in_the_files_order_before() -> None:
+    """dcgm-exporter 4.8.3 keeps the counters file's label fields in one map it writes sorted;
+    the template era wrote them in the file's order."""
+    text = "DCGM_FI_DEV_SM_CLOCK, gauge, MHz\nDCGM_FI_NVML_VERSION, label, x\nDCGM_FI_DRIVER_VERSION, label, x"
+    counters, _ = parse_counters(text, "test")
+    node = whole_gpu_node("NVIDIA-A100-SXM4-40GB")
+    for g, order in ((DEFAULT, ["DCGM_FI_NVML_VERSION", "DCGM_FI_DRIVER_VERSION"]),
+                     (G483, ["DCGM_FI_DRIVER_VERSION", "DCGM_FI_NVML_VERSION"])):  # fmt: skip
+        (clock,) = parse(dcgm.render(node, dcgm.Options("h", generation=g, counters=counters),
+                                     NOW).decode())  # fmt: skip
+        assert [n for n in clock.label_names if n.startswith("DCGM_FI_")] == order, g.name
