@@ -39,6 +39,7 @@ from topology.configmap import parse_document
 from topology.model import (
     AllocatedBy,
     DeviceStatus,
+    DraClaim,
     Gpu,
     MigDevice,
     NodeTopology,
@@ -537,3 +538,16 @@ def test_label_fields_come_in_name_order_from_4_8_3_and_in_the_files_order_befor
         (clock,) = parse(dcgm.render(node, dcgm.Options("h", generation=g, counters=counters),
                                      NOW).decode())  # fmt: skip
         assert [n for n in clock.label_names if n.startswith("DCGM_FI_")] == order, g.name
+
+
+def test_a_dra_mig_device_of_unknown_uuid_has_it_empty_in_4_8_3_and_none_from_4_8_4() -> None:
+    """4.8.3 sets dra_mig_device_uuid always (kubernetes.go Process); 4.8.4 only when known."""
+    claim = DraClaim(AllocatedBy("ns", "p", "c"), "claim", "ns", "gpu-0-mig-1g5gb-19-6", "node-a")
+    dev = MigDevice("1g.5gb", 6, 9, None, DeviceStatus(dra_claims=(claim,)))
+    node = NodeTopology(1, 40960, "NVIDIA-A100-SXM4-40GB", False, (Gpu("GPU-1", None, (dev,)),))
+    for g, present in ((G483, True), (G484, False), (G490, False)):
+        held = [s for s in parse(serve(node, g)) if "dra_claim_name" in s.label_names]
+        assert held, g.name
+        for s in held:
+            assert ("dra_mig_device_uuid" in s.label_names) is present, g.name
+            assert not present or s.label("dra_mig_device_uuid") == ""
