@@ -124,7 +124,13 @@ def runai_dynamic_node(
     per_gpu = runai_mig_devices(node, labels, model, product, warnings)
     gpus = tuple(Gpu(id=gpu_uuid(name, i), mig_devices=m) for i, m in enumerate(per_gpu))
     memory = node_memory(labels, model, product)
-    return NodeTopology(len(gpus), memory, labels.gpu_product, True, gpus, None)
+    return NodeTopology(
+        gpu_count=len(gpus),
+        gpu_memory=memory,
+        gpu_product=labels.gpu_product,
+        is_dynamic_mig_enabled=True,
+        gpus=gpus,
+    )
 
 
 def whole_gpu_node(
@@ -137,7 +143,13 @@ def whole_gpu_node(
     """A node of whole GPUs (MIG off, or a model MIG does not know)."""
     gpus = tuple(Gpu(id=gpu_uuid(name, i)) for i in range(labels.gpu_count))
     memory = node_memory(labels, model, product)
-    return NodeTopology(labels.gpu_count, memory, labels.gpu_product, False, gpus, sharing)
+    return NodeTopology(
+        gpu_count=labels.gpu_count,
+        gpu_memory=memory,
+        gpu_product=labels.gpu_product,
+        gpus=gpus,
+        sharing=sharing,
+    )
 
 
 def static_mig_node(
@@ -210,7 +222,13 @@ def _static_topology(
         ))  # fmt: skip
         sharing = None
     memory = node_memory(labels, model, product)
-    return NodeTopology(len(gpus), memory, labels.gpu_product, False, tuple(gpus), sharing)
+    return NodeTopology(
+        gpu_count=len(gpus),
+        gpu_memory=memory,
+        gpu_product=labels.gpu_product,
+        gpus=tuple(gpus),
+        sharing=sharing,
+    )
 
 
 def _single_strategy_gpus(
@@ -281,7 +299,14 @@ def _static_gpus(
                 if profile is None:
                     continue  # never: placed from the catalog's profiles
                 gi = model.gpu_instance_id(profile, position)
-                devices.append(MigDevice(profile_name, position, gi, mig_uuid(name, index, gi)))
+                devices.append(
+                    MigDevice(
+                        name=profile_name,
+                        position=position,
+                        gpu_instance_id=gi,
+                        id=mig_uuid(name, index, gi),
+                    )
+                )
             migs = tuple(devices)
         gpus.append(Gpu(id=gpu_uuid(name, index), mig_devices=migs))
     return gpus

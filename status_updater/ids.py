@@ -4,10 +4,11 @@ keeps the index of who claims which id; these read and mend one node's result)."
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from topology import runai
 from topology.errors import TopologyError
-from topology.model import Gpu, MigDevice, NodeTopology
+from topology.model import NodeTopology
 
 
 def device_ids(node: NodeTopology) -> Iterator[tuple[str, str]]:
@@ -20,25 +21,19 @@ def device_ids(node: NodeTopology) -> Iterator[tuple[str, str]]:
 
 
 def without_id(node: NodeTopology, uid: str) -> NodeTopology:
+    """The node with MIG id `uid` taken off the device that claims it (everything else kept)."""
     gpus = tuple(
-        Gpu(
-            g.id,
-            g.status,
-            None
-            if g.mig_devices is None
-            else tuple(
-                MigDevice(d.name, d.position, d.gpu_instance_id, None, d.status)
-                if d.id == uid
-                else d
-                for d in g.mig_devices
+        g
+        if not any(d.id == uid for d in g.mig_devices or ())
+        else replace(
+            g,
+            mig_devices=tuple(
+                replace(d, id=None) if d.id == uid else d for d in g.mig_devices or ()
             ),
         )
         for g in node.gpus
     )
-    return NodeTopology(
-        node.gpu_count, node.gpu_memory, node.gpu_product, node.is_dynamic_mig_enabled, gpus,
-        node.sharing, node.driver_version,
-    )  # fmt: skip
+    return replace(node, gpus=gpus)
 
 
 def claim_ignored(node: NodeTopology, uid: str, owner: str) -> TopologyError:

@@ -18,6 +18,8 @@ device's holder, and the device plugin's and run:ai's pods take what is left.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from status_updater.devices import mig_uuid
 from status_updater.objects import DRA_KEY, DRA_REFS, Obj, pod_ref, pod_uid
 from status_updater.objects import holder as objects_holder
@@ -94,7 +96,9 @@ def _target(
                 obj, field, f"device {name} overlaps instance {dev.name}@{dev.position}: not placed"
             )
     gi = board.model.gpu_instance_id(profile, start)
-    new = MigDevice(profile.name, start, gi, mig_uuid(board.name, g, gi))
+    new = MigDevice(
+        name=profile.name, position=start, gpu_instance_id=gi, id=mig_uuid(board.name, g, gi)
+    )
     made.append((g, new))
     return g, new
 
@@ -138,9 +142,11 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
         usage = dict(status.pod_gpu_usage_status) if status else {}
         usage[uid] = pod_usage(pod, obj, board.fb_total(g, d), warnings)
         before = status.dra_claims if status else ()
+        claims_now = (*before, *held)
         board.set_status(
-            g, d, DeviceStatus(status.allocated_by if status else None, usage,
-                               status.replicas if status else (), (*before, *held))
+            g, d,
+            DeviceStatus(pod_gpu_usage_status=usage, dra_claims=claims_now) if status is None
+            else replace(status, pod_gpu_usage_status=usage, dra_claims=claims_now),
         )  # fmt: skip
 
 

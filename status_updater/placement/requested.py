@@ -56,7 +56,8 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
         name = devices[d].name
         if name not in usages:
             usages[name] = pod_usage(pod, obj, board.mig_fb_total(name), warnings)
-        board.set_status(g, d, DeviceStatus(holder, {uid: usages[name]}))
+        status = DeviceStatus(allocated_by=holder, pod_gpu_usage_status={uid: usages[name]})
+        board.set_status(g, d, status)
     for container, held in gpus.items():
         board.hold(pod, obj, objects_holder(pod, container), uid, warnings, held)
 

@@ -3,6 +3,8 @@ names (GPU, position, profile; once run:ai has made it, its uuid and GI id)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from status_updater.objects import (
     Obj,
     annotation,
@@ -63,8 +65,11 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
     gi, device_id = dev.gpu_instance_id, dev.id
     if dev.id is None and want.device_uuid is not None:
         gi, device_id = _named(board, obj, want, dev, devices, warnings)
-    status = DeviceStatus(objects_holder(pod, first_container(pod)), {pod_uid(pod): usage})
-    devices[found[0]] = MigDevice(dev.name, dev.position, gi, device_id, status)
+    status = DeviceStatus(
+        allocated_by=objects_holder(pod, first_container(pod)),
+        pod_gpu_usage_status={pod_uid(pod): usage},
+    )
+    devices[found[0]] = replace(dev, gpu_instance_id=gi, id=device_id, status=status)
 
 
 def _named(

@@ -152,7 +152,12 @@ def _set_shared_status(board: Board, g: int, d: int | None, uid: str, usage: Pod
     if named is None or all(r.holder != named for r in replicas):
         first = old.allocated_by if old is not None else None
         named = first or next(r.holder for r in replicas if r.pod_uid == uid)
-    board.set_status(g, d, DeviceStatus(named, usages, replicas))
+    status = (
+        DeviceStatus(allocated_by=named, pod_gpu_usage_status=usages, replicas=replicas)
+        if old is None
+        else replace(old, allocated_by=named, pod_gpu_usage_status=usages, replicas=replicas)
+    )
+    board.set_status(g, d, status)
 
 
 POLICY = Policy("shared replicas", applies, place)
