@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TextIO
 
@@ -18,7 +19,7 @@ from common.process import CLUSTER_ENVIRONMENT, env_switch, not_utf8
 from common.yamlload import SafeDumper
 from kube import names
 from kube.api import BURST, QPS, Pace, port
-from status_updater.devices import build_node
+from status_updater import faults
 from status_updater.dra import (
     SELECTED,
     DraOptions,
@@ -26,16 +27,16 @@ from status_updater.dra import (
     add_dra_arguments,
     node_slimmer,
 )
-from status_updater.inputs import InputError, load_objects
+from status_updater.inputs import POLICY_KINDS, InputError, load_objects
 from status_updater.leader import CLIENT_GO, Timing
-from status_updater.objects import Obj, is_gpu_node, node_name, pod_slimmer
+from status_updater.objects import Obj, pod_slimmer
 from status_updater.reconcile import document
 from status_updater.resourceslices import node_slices
 from status_updater.state import ClusterState
 from topology import configmap as contract
 from topology import migparted, yamltext
 from topology.errors import TopologyError
-from topology.model import NodeTopology, dump_yaml
+from topology.model import NodeTopology, dump_yaml, parse_time
 from topology.settings import add_layout_argument, topology_name, topology_namespace
 from web.server import EVERY_ADDRESS
 
@@ -94,24 +95,26 @@ def read_layouts(path: str) -> migparted.Layouts:
         raise InputError(str(e)) from None
 
 
-def dra_slices(
-    nodes: Iterable[Obj], layouts: migparted.Layouts | None, dra: DraOptions
-) -> Iterator[list[dict[str, Any]] | str]:
-    """The ResourceSlices the DRA driver would publish on each GPU node `dra` selects, a node at
-    a time; a line instead for a node that has none."""
-    slim_of = node_slimmer(dra)  # as the updater's Node informer keeps them
-    for node in sorted(nodes, key=node_name):
-        slim = slim_of(node)
-        if not is_gpu_node(slim) or not slim.get(SELECTED):
+def dra_slices(state: ClusterState) -> Iterator[list[dict[str, Any]] | str]:
+    """The ResourceSlices the DRA driver would publish on each GPU node the state's DRA options
+    selected (its nodes slimmed by `dra.node_slimmer`), a node at a time, with the taints of its
+    faults at the state's time; a line instead for a node that has none."""
+    for name in sorted(state.nodes):
+        slim = state.nodes[name]
+        if not slim.get(SELECTED):
             continue
-        warnings: list[TopologyError] = []  # a layout that cannot be applied, as for ConfigMaps
+        yield from map(str, state.node_warnings(name))
+        devices = state.devices(name)
+        if isinstance(devices, TopologyError):
+            yield f"{devices}; no ResourceSlices"
+            continue
+        if devices is None:
+            continue
         try:
-            found = node_slices(slim, build_node(slim, layouts, warnings), **dra.slices())
+            taints = () if state.dra_options.get("dynamic") else state.taints(name)
+            yield node_slices(slim, devices, **state.dra_options, taints=taints)
         except TopologyError as e:
             yield f"{e}; no ResourceSlices"
-            continue
-        yield from map(str, warnings)
-        yield found
 
 
 def write_list(found: Iterable[list[dict[str, Any]] | str], output: str, out: TextIO) -> None:
@@ -146,6 +149,8 @@ def render(
     output: str = "yaml",
     slim: Callable[[Obj], dict[str, Any]] | None = None,
     pod_labels: Allowlist | None = None,
+    fault_policies: list[str] | None = None,
+    now: float | None = None,
 ) -> int:
     try:
         layouts = read_layouts(mig_parted_config) if mig_parted_config else None
@@ -154,28 +159,53 @@ def render(
             *load_objects(nodes, "Node", skipped),
             *load_objects(pods, "Pod", skipped),
             *load_objects(claims or [], "ResourceClaim", skipped),
+            *load_objects(fault_policies or [], "ConfigMap", skipped, POLICY_KINDS),
         ]
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     for line in skipped:
         print(f"warning: {line}", file=sys.stderr)
+    at = time.time() if now is None else now
+    policies = []
+    for cm in objects:
+        if cm.get("kind") != "ConfigMap":
+            continue
+        try:
+            policies.append(faults.read_policy(cm, at))
+        except TopologyError as e:
+            print(f"warning: {e}; left out", file=sys.stderr)
+    node_objects = [o for o in objects if o.get("kind") == "Node"]
     if dra is not None:  # --resource-slices: the nodes' devices only, no pods placed
-        gpu_nodes = [o for o in objects if o.get("kind") == "Node"]
-        write_list(dra_slices(gpu_nodes, layouts, dra), output, sys.stdout)
+        state = ClusterState.of(node_objects, [], layouts, slim=node_slimmer(dra), policies=policies,
+                                now=at)  # fmt: skip
+        state.dra_options = dra.slices()
+        write_list(dra_slices(state), output, sys.stdout)
+        _said_policies(state)
         return EXIT_OK
     state = ClusterState.of(
-        (o for o in objects if o.get("kind") == "Node"),
+        node_objects,
         (o for o in objects if o.get("kind") == "Pod"),
         layouts,
         (o for o in objects if o.get("kind") == "ResourceClaim"),
         slim or node_slimmer(None),
         pod_slimmer(pod_labels),
+        policies=policies,
+        now=at,
     )
     for w in state.all_warnings():
         print(f"warning: {w}", file=sys.stderr)
+    _said_policies(state)
     sys.stdout.write(dump_object(configmaps(state, layout, topology_namespace())))
     return EXIT_OK
+
+
+def _said_policies(state: ClusterState) -> None:
+    """What each fault policy hit, one line each on stderr (its status annotation in a cluster)."""
+    for name in sorted(state.policies):
+        hit = state.hits.get(name, {})
+        gpus = sum(len(entries) for entries in hit.values())
+        print(f"fault policy {name}: hits {gpus} GPUs on {len(hit)} nodes", file=sys.stderr)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -234,6 +264,29 @@ def _render_arguments(r: argparse.ArgumentParser) -> None:
     )
     add_dra_arguments(r)
     _pod_label_arguments(r)
+    r.add_argument(
+        "--fault-policies",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="fault policy ConfigMaps (docs/faults.md): their faults on the GPUs they hit, as "
+        "the updater puts them in a cluster",
+    )
+    r.add_argument(
+        "--now",
+        type=_rfc3339,
+        metavar="TIME",
+        help="the time faults are judged at, RFC 3339 (default: the current time): a fault "
+        "entry's start where it names none, a policy's start without a creationTimestamp, the "
+        "taints in effect",
+    )
+
+
+def _rfc3339(text: str) -> float:
+    try:
+        return float(parse_time(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _pod_label_arguments(p: argparse.ArgumentParser) -> None:
@@ -411,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             slim = node_slimmer(DraOptions.of(args) if dra_nodes else None)
             return render(
                 args.nodes, args.pods, args.layout, args.mig_parted_config, dra, args.claims,
-                args.output, slim, _copied_labels(args),
+                args.output, slim, _copied_labels(args), args.fault_policies, args.now,
             )  # fmt: skip
         from status_updater.daemon import run
 

@@ -26,7 +26,8 @@ from kubernetes.client.exceptions import ApiException
 
 from common.podlabels import Allowlist
 from common.selfmetrics import InvalidObjects, kind_of
-from kube.api import Backoff, Obj, Said, describe, list_watch
+from kube.api import REQUEST_TIMEOUT, Backoff, Obj, Said, describe, list_watch
+from status_updater import faults
 from status_updater.claims import read_claim
 from status_updater.dra import DraOptions, node_slimmer
 from status_updater.objects import node_name, pod_key, pod_slimmer
@@ -39,7 +40,9 @@ log = logging.getLogger(__name__)
 COALESCE_S = 0.2  # a storm of events within this window gives one write per changed node
 RESYNC_S = 30.0  # how often a quiet leader compares what is written with what should be
 LAYOUTS_ATTEMPTS = 3  # failed reads of the mig-parted ConfigMap before writing without it
-SOURCES = frozenset({"nodes", "pods", "layouts"})  # what is listed before anything is written
+# What is listed before anything is written (the fault policies: so that a restart does not
+# write every node without its policies' faults first).
+SOURCES = frozenset({"nodes", "pods", "layouts", "policies"})
 DRA_SOURCES = SOURCES | {"claims"}  # and with DRA on, the ResourceClaims
 # Why the ResourceClaims cannot be read before they were ever listed, by HTTP status: there are
 # none to wait for, the ConfigMaps are written without claims.
@@ -103,6 +106,7 @@ class Controller:
         mig_parted_config: str = migparted.DEFAULT_CONFIGMAP,
         dra: DraOptions | None = None,
         pod_labels: Allowlist | None = None,
+        namespace: str = "gpu-operator",
     ) -> None:
         self.core, self.writer, self.is_leader, self.resync_s = core, writer, is_leader, resync_s
         self.turned = time.monotonic()  # when the writer's loop last began a turn
@@ -130,6 +134,9 @@ class Controller:
         self._listed = False  # a full list was applied since the last settle
         self._remembered = False  # the written assignments were read into the state
         self.invalid = InvalidObjects("mig_status_updater_invalid_objects_total")
+        self.namespace = namespace
+        self._policy_said: dict[str, str] = {}  # each bad policy's problem, said once
+        self._status_due: set[str] = set()  # policies whose status annotation is to be written
 
     # --- informer callbacks (informer threads) ------------------------------------------------
 
@@ -219,6 +226,38 @@ class Controller:
             kwargs={"field_selector": f"metadata.name={name}", "on_error": on_error},
         )
 
+    def _policies_informer(self, stop: threading.Event) -> threading.Thread:
+        """Watches the fault policies: ConfigMaps labelled `mig-exporter/fault-policy` in the
+        updater's namespace. Unreadable for good (a 403, or three failures in a row): the
+        writes go on without them, as without the mig-parted ConfigMap."""
+        failures = 0
+        list_call = Statused(partial(self.core.list_namespaced_config_map, self.namespace))
+
+        def on_reset(items: list[Obj]) -> None:
+            nonlocal failures
+            failures = 0
+            self.events.put(("policies", "RESET", items))
+            self.dirty.set()
+
+        def on_event(kind: str, cm: Obj) -> None:
+            self.events.put(("policies", kind, cm))
+            self.dirty.set()
+
+        def on_error(message: str) -> None:
+            nonlocal failures
+            failures += 1
+            if list_call.status == 403 or failures >= LAYOUTS_ATTEMPTS:
+                self.events.put(("policies", "ERROR", message))
+                self.dirty.set()
+
+        return threading.Thread(
+            target=list_watch,
+            name="fault-policies",
+            daemon=True,
+            args=(f"fault policies in {self.namespace}", list_call, on_reset, on_event, stop),
+            kwargs={"label_selector": faults.POLICY_LABEL, "on_error": on_error},
+        )
+
     def informers(self, stop: threading.Event) -> list[threading.Thread]:
         sources: list[tuple[str, Callable[..., Any], Callable[[str], None]]] = [
             ("nodes", self.core.list_node, partial(self._informer_error, "nodes")),
@@ -245,6 +284,7 @@ class Controller:
             for what, list_call, on_error in sources
         ]
         threads.append(self._layouts_informer(stop))
+        threads.append(self._policies_informer(stop))
         return threads + self.writer.informers(stop, self.dirty.set)
 
     # --- the writer thread ----------------------------------------------------------------------
@@ -257,6 +297,8 @@ class Controller:
             elif what not in self.synced:
                 log.warning("%s: NVIDIA's built-in MIG layouts until it can be read", payload)
             self.synced.add(what)
+        elif what == "policies":
+            self._set_policies(kind, payload)
         elif kind == "ERROR":
             self.failing.add(what)  # until its next list
         elif kind == "RESET":
@@ -315,6 +357,64 @@ class Controller:
             log.info("%s", said)
             self._layouts_seen = said
         self.state.set_layouts(layouts)
+
+    def _set_policies(self, kind: str, payload: Any) -> None:
+        """A fault policy came, changed or went. A bad one is said once and its last good
+        version kept; the others are never held up by it."""
+        if kind == "ERROR":
+            if "policies" not in self.synced:
+                log.warning("%s: no fault policies until they can be read", payload)
+            self.synced.add("policies")
+            return
+        items = payload if kind == "RESET" else [payload]
+        if kind == "RESET":
+            self.synced.add("policies")
+            names = {str((c.get("metadata") or {}).get("name")) for c in items}
+            for gone in set(self.state.policies) - names:
+                self.state.delete_policy(gone)
+        for cm in items:
+            name = str((cm.get("metadata") or {}).get("name"))
+            if kind == "DELETED":
+                self.state.delete_policy(name)
+                self._policy_said.pop(name, None)
+                continue
+            try:
+                policy = faults.read_policy(cm, time.time())
+            except TopologyError as e:
+                if self._policy_said.get(name) != str(e):
+                    log.warning("%s; its last good version is kept", e)
+                    self.invalid.count("configmap")
+                    self._policy_said[name] = str(e)
+                continue
+            if self._policy_said.pop(name, None) is not None:
+                log.info("fault policy %s: read", name)
+            self.state.set_policy(policy)
+
+    def _write_status(self) -> None:
+        """Each policy whose hits changed: what it hit, in its `mig-exporter/fault-status`
+        annotation (a merge patch of that one annotation: kubectl apply keeps it)."""
+        self._status_due |= self.state.hits_changed
+        self.state.hits_changed.clear()
+        for name in sorted(self._status_due):
+            policy = self.state.policies.get(name)
+            if policy is None:
+                self._status_due.discard(name)
+                continue
+            text = faults.status(policy, self.state.hits.get(name, {}))
+            body = {"metadata": {"annotations": {faults.STATUS_ANNOTATION: text}}}
+            try:
+                self.core.patch_namespaced_config_map(
+                    name, self.namespace, body, _request_timeout=REQUEST_TIMEOUT
+                )
+            except ApiException as e:
+                if e.status != 404:  # gone since: nothing to say
+                    log.warning("fault policy %s: its status cannot be written: %s", name,
+                                describe(e))  # fmt: skip
+                    return  # again at the next turn
+            except Exception as e:
+                log.warning("fault policy %s: its status cannot be written: %s", name, describe(e))
+                return
+            self._status_due.discard(name)
 
     def drain(self) -> None:
         """Apply every queued event to the state."""
@@ -377,6 +477,8 @@ class Controller:
                     backoff.wait(stop)
                     continue
                 self._remembered = True
+            # Faults that began or ended since: their nodes' taints change.
+            self._pending |= self.state.due(time.time())
             self._pending |= self.settle()
             if self._listed:
                 # Hundreds of thousands of long-lived objects: leave them out of the cyclic
@@ -401,6 +503,7 @@ class Controller:
                 self.dirty.set()
                 backoff.wait(stop)
                 continue
+            self._write_status()
             if said.ok():
                 log.info("%s: written again", self.writer.what)
             if self._full:

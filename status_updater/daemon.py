@@ -128,7 +128,7 @@ def _components(
         writer = WithSlices(writer, SliceWriter(resource, dra), claims)
     controller = Controller(
         core, writer, resync_s=resync_s, mig_parted_config=mig_parted_config, dra=dra,
-        pod_labels=pod_labels,
+        pod_labels=pod_labels, namespace=namespace,
     )  # fmt: skip
     elector = LeaderElector(
         kubernetes.client.CoordinationV1Api(lease_client or client),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ def _documents(path: Path) -> Iterator[Any]:
 
 
 def load_objects(
-    paths: list[str], default_kind: str, skipped: list[str]
+    paths: list[str], default_kind: str, skipped: list[str], kinds: Mapping[str, str] | None = None
 ) -> Iterator[dict[str, Any]]:
     """Every Node and Pod in the paths: each document an object, a `kind: List` of them, or a
     bare sequence (a YAML list, a JSON array) of them; an object without kind is `default_kind`.
@@ -59,11 +59,16 @@ def load_objects(
             docs = list(_documents(file))
             for n, doc in enumerate(docs):
                 where = f"{file}: document {n + 1}" if len(docs) > 1 else str(file)
-                yield from _objects(doc, where, default_kind, skipped)
+                yield from _objects(doc, where, default_kind, skipped, kinds or KINDS)
+
+
+def _kinds(kinds: Mapping[str, str]) -> str:
+    names = list(kinds.values())
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def _objects(
-    doc: object, where: str, default_kind: str, skipped: list[str]
+    doc: object, where: str, default_kind: str, skipped: list[str], kinds: Mapping[str, str]
 ) -> Iterator[dict[str, Any]]:
     if doc is None:
         return  # an empty document: a trailing `---`, or a comment only
@@ -80,15 +85,13 @@ def _objects(
         items = [(where, doc)]
     for at, item in items:
         if not isinstance(item, dict):
-            skipped.append(
-                f"{at}: expected a Node, Pod or ResourceClaim, got {kind_of(item)}: skipped"
-            )
+            skipped.append(f"{at}: expected a {_kinds(kinds)}, got {kind_of(item)}: skipped")
             continue
         kind = item.get("kind", default_kind)
         # Kinds are case-sensitive in the API, but what a hand-written `kind: node` means is clear.
-        known = KINDS.get(kind.lower()) if isinstance(kind, str) else None
+        known = kinds.get(kind.lower()) if isinstance(kind, str) else None
         if known is None:
-            skipped.append(f"{at}: a {kind!r} is no Node, Pod or ResourceClaim: skipped")
+            skipped.append(f"{at}: a {kind!r} is no {_kinds(kinds)}: skipped")
             continue
         # The API names every object; one from a file without a name would be rendered as a
         # node (or a pod) named '' or after its YAML.
@@ -101,3 +104,4 @@ def _objects(
 
 
 KINDS = {"node": "Node", "pod": "Pod", "resourceclaim": "ResourceClaim"}
+POLICY_KINDS = {"configmap": "ConfigMap"}  # --fault-policies

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from common.podlabels import Allowlist
 from kube.times import timestamp
 from status_updater import usage
-from topology import dra, migparted, runai
+from topology import dra, faults, migparted, runai
 from topology.catalog import MIG_SUFFIX
 from topology.errors import TopologyError
 from topology.model import MIG_STRATEGIES, AllocatedBy
@@ -114,7 +115,7 @@ def is_single_strategy(node: Obj) -> bool:
 NODE_LABELS = (runai.LABEL_PRODUCT, runai.LABEL_COUNT, runai.LABEL_MEMORY, runai.LABEL_STRATEGY,
                runai.LABEL_DYNAMIC_MIG, runai.LABEL_MIG_ENABLED, migparted.LABEL_CONFIG,
                *dra.NODE_LABELS)  # fmt: skip
-NODE_ANNOTATIONS = (runai.ANNOTATION_MIG_CONFIG, runai.ANNOTATION_MIG_MAPPING)
+NODE_ANNOTATIONS = (runai.ANNOTATION_MIG_CONFIG, runai.ANNOTATION_MIG_MAPPING, faults.ANNOTATION)
 POD_ANNOTATIONS = (
     runai.ANNOTATION_POD_MIG_DEVICE,
     usage.ANNOTATION_UTILIZATION,
@@ -156,7 +157,9 @@ def slim_node(node: Obj) -> dict[str, Any]:
             "name": meta.get("name"),
             "uid": meta.get("uid"),
             "creationTimestamp": meta.get("creationTimestamp"),
-            "labels": _only(meta.get("labels"), NODE_LABELS) | _sharing_labels(meta),
+            # Not only the labels the devices are read from: a fault policy may select nodes by
+            # any of them.
+            "labels": _all_labels(meta.get("labels")),
             "annotations": _kept(meta.get("annotations"), NODE_ANNOTATIONS),
         },
     }
@@ -166,16 +169,24 @@ def slim_node(node: Obj) -> dict[str, Any]:
     return slim
 
 
-def _sharing_labels(meta: Mapping[str, Any]) -> dict[str, str]:
-    """GFD's sharing labels: `<resource>.replicas` and `.sharing-strategy` of each resource."""
+# Node Feature Discovery's labels are the bulk of a GPU node's (a hundred CPU flags and kernel
+# facts), and no fault policy picks GPUs by them: not kept.
+_UNKEPT_LABELS = "feature.node.kubernetes.io/"
+
+
+def _all_labels(value: object) -> dict[str, str]:
+    """A node's labels but NFD's, interned: thousands of nodes share most keys and values."""
     return {
-        k: text
-        for k, v in strings(meta.get("labels")).items()
+        sys.intern(k): sys.intern(text)
+        for k, v in strings(value).items()
         if isinstance(k, str)
-        and k.startswith("nvidia.com/")
-        and k.endswith((".replicas", ".sharing-strategy"))
+        and not k.startswith(_UNKEPT_LABELS)
         and (text := _label_text(v)) is not None
     }
+
+
+def node_labels(node: Obj) -> Mapping[str, str]:
+    return strings(metadata(node).get("labels"))
 
 
 def advertised_migs(node: Obj) -> dict[str, str]:

@@ -23,7 +23,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,10 +33,11 @@ from topology import dra
 from topology.catalog import Engines, GpuModel, Profile, model_for_product, nvml_model_name
 from topology.configmap import LABEL_MANAGED_BY, MANAGER, node_object_name
 from topology.errors import TopologyError
+from topology.faults import Taint
 from topology.model import Gpu, NodeTopology
 
 API_VERSION = "resource.k8s.io/v1"
-MAX_DEVICES = 64  # per slice whose devices consume counters
+MAX_DEVICES = 64  # per slice whose devices consume counters or carry taints
 MAX_PLAIN_DEVICES = 128  # per slice otherwise
 MAX_COUNTER_SETS = 8  # per slice
 SELECTOR = f"{LABEL_MANAGED_BY}={MANAGER}"  # the slices the updater writes, and only those
@@ -287,9 +288,15 @@ def node_slices(
     generation: int = 1,
     layout: str = SPLIT,
     list_attributes: bool = False,
+    taints: Sequence[Sequence[Taint]] = (),
 ) -> list[dict[str, Any]]:
     """The node's ResourceSlices. Raises TopologyError (naming the node) when a MIG device's
-    profile has no capacities in the catalog."""
+    profile has no capacities in the catalog.
+
+    `taints`: each GPU's device taints (faults.node_taints), put on every device of that GPU
+    the slices publish, as the driver's health check does (gate NVMLDeviceHealthCheck). That gate
+    cannot be on with DynamicMIG, so dynamic slices carry none. A slice with a tainted device
+    holds at most 64 devices, the API's limit then."""
     name = node_name(node)
     obj = f"node {name}"
     model = model_for_product(topology.gpu_product)
@@ -303,15 +310,15 @@ def node_slices(
     elif dynamic:  # no MIG-capable GPU: the driver falls back to a slice per whole GPU
         specs = [{"devices": [_whole(p, topology.gpu_memory)]} for p in parents]
     else:  # one slice, as the driver's; more only past the API's limit, where it would fail
-        devices = [
-            d
-            for parent, gpu in zip(parents, topology.gpus, strict=True)
-            for d in _static_devices(parent, gpu, model, topology.gpu_memory, obj)
+        devices = []
+        for parent, gpu in zip(parents, topology.gpus, strict=True):
+            marks = [t.body() for t in taints[parent.index]] if taints else []
+            for d in _static_devices(parent, gpu, model, topology.gpu_memory, obj):
+                devices.append({**d, "taints": marks} if marks else d)
+        most = MAX_DEVICES if any(taints) else MAX_PLAIN_DEVICES
+        specs = [{"devices": devices[i : i + most]} for i in range(0, len(devices), most)] or [
+            {"devices": []}
         ]
-        specs = [
-            {"devices": devices[i : i + MAX_PLAIN_DEVICES]}
-            for i in range(0, len(devices), MAX_PLAIN_DEVICES)
-        ] or [{"devices": []}]
     return [
         {
             "apiVersion": API_VERSION,

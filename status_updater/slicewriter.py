@@ -54,6 +54,7 @@ from status_updater.resourceslices import (
 from status_updater.state import ClusterState
 from topology import dra
 from topology.errors import TopologyError
+from topology.faults import Taint
 from topology.model import NodeTopology
 
 log = logging.getLogger(__name__)
@@ -179,12 +180,17 @@ class _Templates:
         self._specs: dict[tuple[Any, ...], tuple[str, ...]] = {}
 
     def texts(
-        self, slim: Obj, devices: NodeTopology, options: Mapping[str, Any]
+        self,
+        slim: Obj,
+        devices: NodeTopology,
+        options: Mapping[str, Any],
+        taints: tuple[tuple[Taint, ...], ...] = (),
     ) -> tuple[_Text, ...]:
         """The node's slices, as `node_slices` makes them (TopologyError as it raises)."""
         shape = _shape(slim, devices, options)
-        if shape is None:
-            return tuple(map(_Text.of, node_slices(slim, devices, **options)))
+        if shape is None or taints:
+            made = node_slices(slim, devices, **options, taints=taints)
+            return tuple(map(_Text.of, made))
         specs = self._specs.get(shape)
         if specs is None:
             stand_in = {"kind": "Node", "metadata": {**metadata(slim), "name": _NODE, "uid": None}}
@@ -248,6 +254,7 @@ class _Desired:
     names: tuple[str, ...]
     digests: tuple[str, ...]
     texts: tuple[_Text, ...] = ()
+    taints: tuple[tuple[Taint, ...], ...] = ()  # each GPU's, when they were computed
 
 
 class SliceWriter:
@@ -434,13 +441,20 @@ class SliceWriter:
         devices = state.devices(node) if slim is not None and slim.get(SELECTED) else None
         if slim is None or devices is None:
             return _Desired({}, None, (), ())
+        # The driver's health check cannot run with DynamicMIG: dynamic slices carry no taints.
+        taints = () if self.options.get("dynamic") else state.taints(node)
         cached = self._desired.get(node)
-        if cached is not None and cached.node is slim and cached.devices is devices:
+        if (
+            cached is not None
+            and cached.node is slim
+            and cached.devices is devices
+            and cached.taints == taints
+        ):
             return cached
         try:
             if isinstance(devices, TopologyError):
                 raise devices
-            texts = self._templates.texts(cast(Obj, slim), devices, self.options)
+            texts = self._templates.texts(cast(Obj, slim), devices, self.options, taints)
         except TopologyError as e:
             if self._said.get(node) != str(e):  # once per problem: a node that stays bad is no news
                 log.warning("%s; its ResourceSlices stay as they are", e)
@@ -448,15 +462,15 @@ class SliceWriter:
             return None
         self._said.pop(node, None)
         names, digests = tuple(t.name for t in texts), tuple(t.digest for t in texts)
-        self._desired[node] = _Desired(slim, devices, names, digests)
-        return _Desired(slim, devices, names, digests, texts)
+        self._desired[node] = _Desired(slim, devices, names, digests, (), taints)
+        return _Desired(slim, devices, names, digests, texts, taints)
 
     def _texts(self, desired: _Desired) -> tuple[_Text, ...]:
         """The slices of `desired`, made again where only their digests were kept."""
         if desired.texts or not desired.names:
             return desired.texts
         slim, devices = cast(Obj, desired.node), cast(NodeTopology, desired.devices)
-        return self._templates.texts(slim, devices, self.options)
+        return self._templates.texts(slim, devices, self.options, desired.taints)
 
     def _holds(self, name: str, digest: str, generation: int) -> bool:
         current = self.actual.get(name)

@@ -16,12 +16,14 @@ Pure: no I/O, no threads. The controller calls it from one thread.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from status_updater import claims as dra_claims
+from status_updater import faults
 from status_updater.devices import build_node
 from status_updater.ids import claim_ignored, device_ids, id_set, without_id
 from status_updater.objects import (
@@ -31,6 +33,7 @@ from status_updater.objects import (
     is_gpu_node,
     may_hold_gpu,
     node_created,
+    node_labels,
     node_name,
     node_strategy,
     node_uid,
@@ -43,6 +46,7 @@ from status_updater.objects import (
 from status_updater.reconcile import reconcile_node
 from topology import migparted
 from topology.errors import TopologyError
+from topology.faults import Taint
 from topology.model import NodeTopology, Topology
 
 
@@ -88,6 +92,16 @@ class ClusterState:
         self._strategies: Counter[str | None] = Counter()
         self._rebuild: set[str] = set()  # Node changed: devices and allocations
         self._stale: set[str] = set()  # Pods changed: allocations
+        # The time faults are judged at (a fault's start without one, a cleared fault's counts,
+        # the taints): the controller's clock at each settle, `render`'s --now.
+        self.now = 0.0
+        self.policies: dict[str, faults.Policy] = {}  # fleet fault policies, by name
+        self._policies_changed: set[str] = set()  # to be evaluated again at the next settle
+        self.hits: dict[str, dict[str, list[faults.Entry]]] = {}  # policy -> node -> its GPUs hit
+        self._node_hits: dict[str, list[faults.Entry]] = {}  # node -> every policy's hits
+        self.hits_changed: set[str] = set()  # policies whose hits the last settles changed
+        self._changes: list[tuple[int, str]] = []  # (when a node's faults begin or end, node)
+        self.dra_options: dict[str, Any] = {}  # render --resource-slices: node_slices' options
 
     # --- objects in ----------------------------------------------------------------------------
 
@@ -116,6 +130,80 @@ class ClusterState:
             return
         self.layouts = layouts
         self._rebuild.update(n for n, node in self.nodes.items() if static_layout(node))
+
+    def set_policy(self, policy: faults.Policy) -> None:
+        """A fault policy, new or changed: its hits are worked out at the next settle."""
+        if self.policies.get(policy.name) != policy:
+            self.policies[policy.name] = policy
+            self._policies_changed.add(policy.name)
+
+    def delete_policy(self, name: str) -> None:
+        if self.policies.pop(name, None) is not None:
+            self._policies_changed.add(name)
+
+    def _evaluate_policies(self, rebuilt: set[str]) -> None:
+        """Each changed policy's hits again, and every policy's on nodes built again (a
+        `count` policy's over all nodes: a node that comes or goes changes its ranking)."""
+        if not (self._policies_changed or (rebuilt and self.policies)):
+            return
+        every = {
+            name: (node_labels(self.nodes[name]), len(built[0].gpus))
+            for name, built in self._built.items()
+            if isinstance(built, tuple) and name in self.nodes
+        }
+        touched: set[str] = set()
+        for name in sorted(self._policies_changed | set(self.policies)):
+            policy = self.policies.get(name)
+            old = self.hits.get(name, {})
+            if policy is None:
+                new: dict[str, list[faults.Entry]] = {}
+            elif name in self._policies_changed or policy.count is not None:
+                new = faults.hits(policy, every)
+            else:  # a fraction: each node's GPUs are drawn on their own
+                some = {n: every[n] for n in rebuilt if n in every}
+                new = {n: e for n, e in old.items() if n not in rebuilt}
+                new.update(faults.hits(policy, some))
+            if new == old:
+                continue
+            self.hits_changed.add(name)
+            touched |= {n for n in new.keys() | old.keys() if new.get(n) != old.get(n)}
+            if new:
+                self.hits[name] = new
+            else:
+                self.hits.pop(name, None)
+        self._policies_changed.clear()
+        for node in touched:
+            found = [e for p in sorted(self.hits) for e in self.hits[p].get(node, ())]
+            if found:
+                self._node_hits[node] = found
+            else:
+                self._node_hits.pop(node, None)
+        self._stale |= touched
+
+    def due(self, now: float) -> set[str]:
+        """The nodes a fault of which began or ended by `now` (their taints change), now
+        judged at `now`."""
+        self.now = now
+        found: set[str] = set()
+        while self._changes and self._changes[0][0] <= now:
+            found.add(heapq.heappop(self._changes)[1])
+        for name in found:
+            self._watch_changes(name)
+        return found
+
+    def _watch_changes(self, name: str) -> None:
+        result = self.results.get(name)
+        if isinstance(result, NodeTopology):
+            at = faults.next_change(result, self.now)
+            if at is not None:
+                heapq.heappush(self._changes, (at, name))
+
+    def taints(self, name: str) -> tuple[tuple[Taint, ...], ...]:
+        """Each GPU's device taints (as the DRA driver's health check sets them) at `now`."""
+        result = self.results.get(name)
+        if not isinstance(result, NodeTopology):
+            return ()
+        return faults.node_taints(result, self.now)
 
     def remember(self, placed: Mapping[str, NodeTopology]) -> None:
         """What the updater wrote for these nodes (read back after a restart, or from another
@@ -247,6 +335,8 @@ class ClusterState:
                     self._built[name] = TopologyError(
                         f"node {name}", "?", f"cannot be read: {type(e).__name__}: {e}"
                     )
+        self._evaluate_policies(rebuilt)
+        touched = rebuilt | self._stale
         for name in touched:
             recheck |= self._compute(name)
         self._rebuild.clear()
@@ -262,6 +352,7 @@ class ClusterState:
                     del self.results[name]
                 else:
                     self.results[name] = result
+                    self._watch_changes(name)
         return changed
 
     def _compute(self, name: str) -> set[str]:
@@ -276,9 +367,13 @@ class ClusterState:
             warnings.append(built)
         else:
             pods = [self._with_holds(p) for p in self.pods.get(name, {}).values()]
+            previous = self._placed.get(name)
             result, warnings = reconcile_node(
-                self.nodes[name], pods, previous=self._placed.get(name), built=built
+                self.nodes[name], pods, previous=previous, built=built
             )
+            entries = faults.node_entries(self.nodes[name], result.gpus, warnings)
+            entries += self._node_hits.get(name, ())
+            result = faults.apply(result, entries, previous, self.now)
             self._placed[name] = result
         self.warnings[name] = warnings
         if result is None:
@@ -422,12 +517,18 @@ class ClusterState:
         claims: Iterable[Obj] = (),
         slim: Callable[[Obj], dict[str, Any]] = slim_node,
         slim_pods: Callable[[Obj], dict[str, Any]] = slim_pod,
+        *,
+        policies: Iterable[faults.Policy] = (),
+        now: float = 0.0,
     ) -> ClusterState:
         """The settled state of these objects as the API or a file shows them (what `render`
         and the tests start from); `claims`, the DRA ResourceClaims the pods may use; `slim`,
         what the Node informer keeps of a Node (`dra.node_slimmer`); `slim_pods`, of a Pod
         (`objects.pod_slimmer`)."""
         state = cls()
+        state.now = now
+        for policy in policies:
+            state.set_policy(policy)
         if layouts is not None:
             state.layouts = layouts
         state.reset_claims(map(dra_claims.read_claim, claims))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import yaml
@@ -21,6 +22,8 @@ MIG_STRATEGIES = ("none", "single", "mixed")
 # No count, id, index or MiB of the schema comes near it (the largest GPU has about 2**18 MiB);
 # a larger number is no real value, and would reach the exposition as one no float holds exactly.
 MAX_INTEGER = 10**9
+# An error counter's most: a GPU's life of errors stays far below it, and it prints exactly.
+MAX_COUNT = 2**53
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +109,29 @@ class MigDevice:
 
 
 @dataclass(frozen=True, slots=True)
+class Fault:
+    """A fault of a GPU (topology/faults.py: the catalog, and what each does over time): from
+    the Node's `mig-exporter/gpu-faults` annotation or a fleet fault policy."""
+
+    fault: str  # its name in faults.CATALOG
+    since: int  # Unix seconds: when it begins (it may be ahead)
+    until: int | None = None  # when it ends; None: while its source says so
+    xid: int | None = None  # fault `xid`: the Xid raised
+    count: int = 1  # errors at its start (ecc-sbe, ecc-dbe, row-remap)
+    rate: float | None = None  # errors a minute while it lasts (None: the catalog's)
+    correctable: bool = False  # row-remap: a correctable error's row
+    source: str = "annotation"  # `annotation`, or `policy/<name>`
+
+
+@dataclass(frozen=True, slots=True)
 class Gpu:
     id: str  # GPU-<uuid>
     status: DeviceStatus | None = None
     mig_devices: tuple[MigDevice, ...] | None = None
+    faults: tuple[Fault, ...] = ()  # its faults, past, present and ahead, by start
+    # What faults cleared since counted, by counter (faults.COUNTERS), sorted: a GPU's error
+    # counters keep what they counted once its fault is cleared, as its InfoROM does.
+    counted: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +154,26 @@ class Topology:
     # Node entries that could not be read, and why: a bad entry is that node's problem only, so
     # the other nodes of the same document are still read (and served).
     invalid: Mapping[str, TopologyError] = field(default_factory=dict)
+
+
+def time_text(t: int) -> str:
+    """Unix seconds as RFC 3339 in UTC, as Kubernetes writes times: `2026-11-28T09:00:00Z`."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> int:
+    """RFC 3339 (`2026-11-28T09:00:00Z`, or with an offset) as Unix seconds. ValueError if not."""
+    if not isinstance(text, str) or "T" not in text.upper():
+        raise ValueError(f"expected an RFC 3339 time such as 2026-11-28T09:00:00Z, got {text!r}")
+    try:
+        at = datetime.fromisoformat(text.strip().replace("z", "Z"))
+    except ValueError:
+        raise ValueError(
+            f"expected an RFC 3339 time such as 2026-11-28T09:00:00Z, got {text!r}"
+        ) from None
+    if at.tzinfo is None:
+        raise ValueError(f"an RFC 3339 time names its zone (Z or an offset), got {text!r}")
+    return int(at.timestamp())
 
 
 # --- to the wire ---------------------------------------------------------------------------------
@@ -179,13 +221,40 @@ def _dump_gpus(node: NodeTopology, out: list[str]) -> None:
         out.append(f"    - id: {q(gpu.id)}")
         if gpu.status is not None:
             _dump_status(gpu.status, "      ", out)
-        if gpu.mig_devices is None:
-            continue
-        if not gpu.mig_devices:
-            out.append("      mig-devices: []")
-            continue
+        if gpu.mig_devices is not None:
+            _dump_migs(gpu.mig_devices, out)
+        if gpu.faults:
+            out.append("      faults:")
+            out += [line for f in gpu.faults for line in _fault_lines(f)]
+        if gpu.counted:
+            out.append("      counted:")
+            out += [f"{yamltext.key(k, '        ')} {v}" for k, v in gpu.counted]
+
+
+def _fault_lines(f: Fault) -> list[str]:
+    q = yamltext.scalar
+    lines = [f"fault: {q(f.fault)}", f"since: {q(time_text(f.since))}"]
+    if f.until is not None:
+        lines.append(f"until: {q(time_text(f.until))}")
+    if f.xid is not None:
+        lines.append(f"xid: {f.xid}")
+    if f.count != 1:
+        lines.append(f"count: {f.count}")
+    if f.rate is not None:
+        lines.append(f"rate: {q(f.rate)}")
+    if f.correctable:
+        lines.append("correctable: true")
+    lines.append(f"source: {q(f.source)}")
+    return [f"      - {lines[0]}", *(f"        {line}" for line in lines[1:])]
+
+
+def _dump_migs(migs: tuple[MigDevice, ...], out: list[str]) -> None:
+    q = yamltext.scalar
+    if not migs:
+        out.append("      mig-devices: []")
+    else:
         out.append("      mig-devices:")
-        for dev in gpu.mig_devices:
+        for dev in migs:
             lines = [] if dev.id is None else [f"id: {q(dev.id)}"]
             lines += [f"name: {q(dev.name)}", f"position: {dev.position}",
                       f"gpu-instance-id: {dev.gpu_instance_id}"]  # fmt: skip
@@ -283,15 +352,21 @@ class _Reader:
             raise self.error(key, "is required")
         return self.data[key]
 
-    def integer(self, key: str, *, minimum: int = 0) -> int:
+    def integer(self, key: str, *, minimum: int = 0, maximum: int = MAX_INTEGER) -> int:
         value = self.raw(key)
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(key, f"expected an integer, got {_short(value)}")
         if value < minimum:
             raise self.error(key, f"must be >= {minimum}, got {_short(value)}")
-        if value > MAX_INTEGER:
-            raise self.error(key, f"must be <= {MAX_INTEGER}, got {_short(value)}")
+        if value > maximum:
+            raise self.error(key, f"must be <= {maximum}, got {_short(value)}")
         return value
+
+    def time(self, key: str) -> int:
+        try:
+            return parse_time(self.raw(key))
+        except ValueError as e:
+            raise self.error(key, str(e)) from None
 
     def string(self, key: str, *, empty: bool = False) -> str:
         value = self.raw(key)
@@ -418,7 +493,14 @@ def _node_from(n: _Reader) -> NodeTopology:
                 for m in g.items("mig-devices")
             )
         status = _status_from(g.sub("status")) if g.has("status") else None
-        gpus.append(Gpu(id=g.string("id"), status=status, mig_devices=migs))
+        faults = tuple(_fault_from(f) for f in g.items("faults")) if g.has("faults") else ()
+        counted: tuple[tuple[str, int], ...] = ()
+        if g.has("counted"):
+            c = g.sub("counted")
+            counted = tuple(sorted((str(k), c.integer(str(k), maximum=MAX_COUNT)) for k in c.data))
+        gpus.append(
+            Gpu(id=g.string("id"), status=status, mig_devices=migs, faults=faults, counted=counted)
+        )
     return NodeTopology(
         gpu_count=n.integer("gpu-count"),
         gpu_memory=n.integer("gpu-memory"),
@@ -427,6 +509,23 @@ def _node_from(n: _Reader) -> NodeTopology:
         gpus=tuple(gpus),
         sharing=_sharing_from(n.sub("sharing")) if n.has("sharing") else None,
         driver_version=n.string("driver-version") if n.has("driver-version") else None,
+    )
+
+
+def _fault_from(r: _Reader) -> Fault:
+    rate = r.raw("rate") if r.has("rate") else None
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)
+                             or not 0 <= rate <= MAX_INTEGER):  # fmt: skip
+        raise r.error("rate", f"expected a number of errors a minute, got {_short(rate)}")
+    return Fault(
+        fault=r.string("fault"),
+        since=r.time("since"),
+        until=r.time("until") if r.has("until") else None,
+        xid=r.integer("xid") if r.has("xid") else None,
+        count=r.integer("count") if r.has("count") else 1,
+        rate=None if rate is None else float(rate),
+        correctable=r.boolean("correctable"),
+        source=r.string("source"),
     )
 
 

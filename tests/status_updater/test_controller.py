@@ -134,6 +134,7 @@ def loop() -> Iterator[tuple[Controller, Recorder]]:
     thread.start()
     controller.events.put(("nodes", "RESET", [slim_node(STATIC_NODE)]))
     controller.events.put(("pods", "RESET", []))
+    controller.events.put(("policies", "RESET", []))
     controller.dirty.set()
     yield controller, writer
     stop.set()
@@ -262,7 +263,7 @@ def test_a_restarted_writer_keeps_what_the_configmaps_say_pods_hold() -> None:
     thread.start()
     try:
         for what, items in (("nodes", [slim_node(node)]), ("pods", [slim_pod(pod)]),
-                            ("layouts", None)):  # fmt: skip
+                            ("layouts", None), ("policies", [])):  # fmt: skip
             controller.events.put((what, "RESET", items))
         controller.dirty.set()
         assert eventually(lambda: held) == [1]  # not GPU 0, where a fresh placement puts it
@@ -292,7 +293,7 @@ def test_stepping_down_reads_nothing_and_taking_over_reads_what_the_leader_wrote
     thread.start()
     try:
         for what, items in (("nodes", [slim_node(whole_gpu_node("k80"))]), ("pods", []),
-                            ("layouts", None)):  # fmt: skip
+                            ("layouts", None), ("policies", [])):  # fmt: skip
             controller.events.put((what, "RESET", items))
         controller.dirty.set()
         eventually(lambda: writer.writes)
@@ -630,7 +631,7 @@ def test_claims_that_cannot_be_read_are_said_once_per_change_and_never_hold_the_
         kubernetes.client.CoreV1Api(kubernetes.client.ApiClient()), Recorder(),
         dra=DraOptions("type=kwok"),
     )  # fmt: skip
-    controller.synced |= {"nodes", "pods", "layouts"}
+    controller.synced |= {"nodes", "pods", "layouts", "policies"}
     stop = threading.Event()
     calls = ScriptedClaims(script, stop, controller.drain if drain else lambda: None)
     monkeypatch.setattr(

@@ -162,7 +162,7 @@ def test_only_what_reconcile_reads_is_kept() -> None:
     state.set_pod(slim_pod(pod("p1", "a", 0, 0)))
     state.set_pod(slim_pod(cpu_pod("web", "a")))  # never holds a GPU: not kept at all
     raw = node("a")
-    raw["metadata"]["labels"]["kubernetes.io/hostname"] = "a"  # read by nothing here
+    raw["metadata"]["labels"]["kubernetes.io/hostname"] = "a"
     state.set_node(slim_node(raw))
     (kept,) = state.pods["a"].values()
     assert kept["metadata"]["annotations"] == {
@@ -178,8 +178,11 @@ def test_only_what_reconcile_reads_is_kept() -> None:
     }
     labels = raw["metadata"]["labels"]
     kept_labels = state.nodes["a"]["metadata"]["labels"].keys()
-    assert kept_labels == set(NODE_LABELS) & labels.keys() and len(kept_labels) >= 5
-    assert "kubernetes.io/hostname" not in kept_labels
+    raw["metadata"]["labels"]["feature.node.kubernetes.io/cpu-cpuid.AVX"] = "true"  # NFD's
+    state.set_node(slim_node(raw))
+    # Every label a fault policy may select nodes by: all but NFD's CPU and kernel facts.
+    nfd = {k for k in labels if k.startswith("feature.node.kubernetes.io/")}
+    assert kept_labels == labels.keys() - nfd and set(NODE_LABELS) & labels.keys() and nfd
     assert "node.alpha.kubernetes.io/ttl" not in state.nodes["a"]["metadata"]["annotations"]
     assert state.node_uid("a") == "uid-a"
 
