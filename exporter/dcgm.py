@@ -47,7 +47,7 @@ from exporter.series import (
     in_output_order,
 )
 from exporter.xid import xid_text
-from topology import dra
+from topology import dra, faults
 from topology.catalog import GpuModel, model_for_product, nvml_model_name
 from topology.model import Gpu, MigDevice, NodeTopology
 
@@ -203,13 +203,20 @@ class _GpuPlan:
     reads: readings.GpuPlan
 
 
-def _plans(node: NodeTopology, options: Options) -> list[_GpuPlan]:
+def lost_gpus(node: NodeTopology, now: float) -> frozenset[int]:
+    """The GPUs lost at `now` (a fault): DCGM reads them no more, and their series are gone."""
+    return frozenset(i for i, g in enumerate(node.gpus) if g.faults and faults.lost(g.faults, now))
+
+
+def _plans(node: NodeTopology, options: Options, lost: frozenset[int]) -> list[_GpuPlan]:
     model = model_for_product(node.gpu_product)
     if model is not None:  # its profiles' memory on the driver the series name
         model = model.for_driver(options.driver_version)
     model_name = nvml_model_name(node.gpu_product)
     out = []
     for index, gpu in enumerate(node.gpus):
+        if index in lost:
+            continue
         labels = gpu_labels(options, index=index, uuid=gpu.id, minor=index, model=model_name,
                             fields=_label_fields(options, gpu))  # fmt: skip
         mig = gpu.mig_devices is not None and model is not None
@@ -248,7 +255,7 @@ def _for_node(node: NodeTopology, options: Options) -> Options:
 def entities(node: NodeTopology, options: Options, now: float) -> list[Subject]:
     """Every series subject of the node in dcgm-exporter's order: (kind, labels, reading)."""
     options = _for_node(node, options)
-    return _subjects(node, _plans(node, options), options, now)[0]
+    return _subjects(node, _plans(node, options, lost_gpus(node, now)), options, now)[0]
 
 
 def _subjects(
@@ -294,7 +301,10 @@ def _kinds(node: NodeTopology) -> set[str]:
 
 def moves_in_time(node: NodeTopology, counters: Counters | None = None) -> bool:
     """Whether the node's values change with the clock (power, energy, activity ...): whether
-    a selected field that moves is served for one of its GPUs."""
+    a selected field that moves is served for one of its GPUs, or one of them has faults (they
+    begin, count and end with the clock)."""
+    if any(g.faults for g in node.gpus):
+        return True
     kinds = _kinds(node)
     return any(
         c.field.moves and kinds & c.field.where for c in (counters or default_counters()).metrics
@@ -380,10 +390,13 @@ def _family(
     f, scale, write = c.field, c.scale, generation.value_text
     decimal = f.decimal or not float(scale).is_integer()
     xid = generation.xid_labels and _is_xid(c)
+    blank = generation.xid_blank and _is_xid(c)
     lines = []
     for (kind, text, cut), reading in zip(texts, values, strict=True):
         if kind not in f.where or (value := f.read(reading)) is None:
             continue
+        if blank and not value:
+            continue  # DCGM has no sample before a GPU's first Xid: the series is blank
         if scale != 1:
             value = value * scale
         if (sample := value_text(value, decimal, write)) is None:
@@ -420,22 +433,28 @@ class NodeSeries:
     of numbers, never a named one, and 5,000 nodes hold 200,000 of them; following them all
     took a second every other step."""
 
-    __slots__ = ("_parts", "_plans", "_shape", "_values", "node", "options", "texts")
+    __slots__ = ("_faulty", "_lost", "_parts", "_plans", "_shape", "_values", "node", "options",
+                 "texts")  # fmt: skip
 
     def __init__(self, node: NodeTopology, options: Options, now: float) -> None:
         options = _for_node(node, options)
         self.node, self.options = node, options
-        self._plans = _plans(node, options)
+        self._faulty = any(g.faults for g in node.gpus)  # a GPU may be lost or come back
+        self._lost = lost_gpus(node, now) if self._faulty else frozenset()
+        self._plans = _plans(node, options, self._lost)
         subjects, self._shape = _subjects(node, self._plans, options, now)
         self.texts = _label_texts(subjects, options)  # (kind, label text, err cut), in order
         self._values = [tuple(r) for _, _, r in subjects]
         self._parts: dict[str, bytes] | None = None
 
     def at(self, now: float) -> NodeSeries:
-        """The same series at `now`."""
+        """The same series at `now` (other series where a GPU was lost or came back since)."""
+        if self._faulty and lost_gpus(self.node, now) != self._lost:
+            return NodeSeries(self.node, self.options, now)
         new = object.__new__(NodeSeries)
         new.node, new.options, new.texts = self.node, self.options, self.texts
         new._plans, new._shape, new._parts = self._plans, self._shape, None
+        new._faulty, new._lost = self._faulty, self._lost
         read = _read(self._plans, self.options, now)
         new._values = [tuple(read[g][0] if k < 0 else read[g][1][k]) for g, k in self._shape]
         return new

@@ -114,6 +114,14 @@ def _zeros(kind: str, help_text: str, where: frozenset[str], **names: str) -> li
     ]
 
 
+def _sbe(r: Reading) -> int | None:
+    return r.ecc_sbe
+
+
+def _dbe(r: Reading) -> int | None:
+    return r.ecc_dbe
+
+
 FIELDS = declare(
     Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).",
           _EVERYWHERE, lambda r: r.sm_clock),
@@ -140,10 +148,16 @@ FIELDS = declare(
     Field("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).",
           _WHOLE, lambda r: r.dec_util, moves=False),
     Field("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.",
-          _EVERYWHERE, lambda r: r.zero, moves=False),
+          _EVERYWHERE, lambda r: r.xid, moves=False),
+    # Throttled time counts in ns, whatever the counters files' help says (dcgm_fields.h).
+    Field("DCGM_FI_DEV_POWER_VIOLATION", "counter", "Time throttled by the power limit (in us).",
+          _EVERYWHERE, lambda r: r.power_violation, moves=False),
+    Field("DCGM_FI_DEV_THERMAL_VIOLATION", "counter", "Time throttled by temperature (in us).",
+          _EVERYWHERE, lambda r: r.thermal_violation, moves=False),
+    Field("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge",
+          "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*).",
+          _EVERYWHERE, lambda r: r.clocks_event_reasons),
     *_zeros("counter", "Time throttled by {} (in us).", _EVERYWHERE,
-            DCGM_FI_DEV_POWER_VIOLATION="the power limit",
-            DCGM_FI_DEV_THERMAL_VIOLATION="temperature",
             DCGM_FI_DEV_SYNC_BOOST_VIOLATION="sync boost",
             DCGM_FI_DEV_BOARD_LIMIT_VIOLATION="the board's limit",
             DCGM_FI_DEV_LOW_UTIL_VIOLATION="low utilization",
@@ -156,18 +170,25 @@ FIELDS = declare(
           _MEMORY, lambda r: r.fb_reserved, moves=False),
     Field("DCGM_FI_DEV_FB_TOTAL", "gauge", "Framebuffer memory in all (in MiB).",
           _MEMORY, lambda r: r.fb_total, moves=False),
-    *_zeros("counter", "ECC errors: {}.", _EVERYWHERE,
-            DCGM_FI_DEV_ECC_SBE_VOL_TOTAL="single-bit, since the driver loaded",
-            DCGM_FI_DEV_ECC_SBE_AGG_TOTAL="single-bit, over the GPU's life",
-            DCGM_FI_DEV_ECC_DBE_VOL_TOTAL="double-bit, since the driver loaded",
-            DCGM_FI_DEV_ECC_DBE_AGG_TOTAL="double-bit, over the GPU's life"),
+    # Volatile (since the driver loaded) and aggregate (the GPU's life) alike: the simulated
+    # driver is never reloaded.
+    *(Field(name, "counter", f"ECC errors: {what}.", _EVERYWHERE, read, moves=False)
+      for name, what, read in (
+          ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "single-bit, since the driver loaded", _sbe),
+          ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "single-bit, over the GPU's life", _sbe),
+          ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "double-bit, since the driver loaded", _dbe),
+          ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "double-bit, over the GPU's life", _dbe))),
     *_zeros("counter", "Retired pages: {}.", _WHOLE,
             DCGM_FI_DEV_RETIRED_SBE="single-bit errors",
             DCGM_FI_DEV_RETIRED_DBE="double-bit errors",
             DCGM_FI_DEV_RETIRED_PENDING="pending retirement"),
+    Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter",
+          "NVLink errors of all lanes: flow-control CRC.", _EVERYWHERE,
+          lambda r: r.nvlink_crc_flit, moves=False),
+    Field("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "counter",
+          "NVLink errors of all lanes: data CRC.", _EVERYWHERE,
+          lambda r: r.nvlink_crc_data, moves=False),
     *_zeros("counter", "NVLink errors of all lanes: {}.", _EVERYWHERE,
-            DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL="flow-control CRC",
-            DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL="data CRC",
             DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL="replays",
             DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL="recoveries"),
     *_zeros("counter", "{}", _EVERYWHERE,
@@ -246,6 +267,8 @@ ALIASES = {
     "DCGM_FI_DEV_ENC_UTIL_RATIO": Alias("DCGM_FI_DEV_ENC_UTIL", 0.01),
     "DCGM_FI_DEV_DEC_UTIL_RATIO": Alias("DCGM_FI_DEV_DEC_UTIL", 0.01),
     "DCGM_FI_DEV_XID_ERROR": Alias("DCGM_FI_DEV_XID_ERRORS"),
+    # dcgm_fields.h: DCGM_FI_DEV_CLOCK_THROTTLE_REASONS is the deprecated name of field 112.
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": Alias("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"),
     "DCGM_FI_DEV_FB_CAPACITY_BYTES": Alias("DCGM_FI_DEV_FB_TOTAL", _MIB),
     "DCGM_FI_DEV_FB_FREE_BYTES": Alias("DCGM_FI_DEV_FB_FREE", _MIB),
     "DCGM_FI_DEV_FB_USED_BYTES": Alias("DCGM_FI_DEV_FB_USED", _MIB),

@@ -84,6 +84,9 @@ class Generation:
     # GPU_I_PROFILE: DCGM's name (`<slices>g.<ceil(MiB/1024)>gb`) or NVML's, as it returns it.
     profile_names: ProfileNames
     xid_labels: bool  # err_code and err_msg on DCGM_FI_DEV_XID_ERRORS
+    # No DCGM_FI_DEV_XID_ERRORS series before a GPU's first Xid (DCGM has no sample, and the
+    # exporter leaves a blank out: dcgm-exporter #646, #700), or a 0.
+    xid_blank: bool
     dra: bool  # --kubernetes-enable-dra
     pod_labels: bool  # --kubernetes-enable-pod-labels
     pod_uid: bool  # --kubernetes-enable-pod-uid: pod_uid on a device plugin's holders and replicas
@@ -113,6 +116,7 @@ G2022 = Generation(
     value_style="printf",
     profile_names="dcgm",
     xid_labels=False,
+    xid_blank=False,
     dra=False,
     pod_labels=False,
     pod_uid=False,
@@ -135,6 +139,7 @@ G483 = replace(
     sorted_output=True,
     value_style="go",
     xid_labels=True,
+    xid_blank=True,
     dra=True,
     pod_labels=True,
     pod_uid=True,

@@ -23,8 +23,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from topology import faults
 from topology.catalog import GENERIC_FIGURES, Figures, GpuModel
-from topology.model import DeviceStatus, Gpu, MigDevice
+from topology.model import DeviceStatus, Fault, Gpu, MigDevice
 
 STEP_S = 10  # simulated values are sampled (and utilization redrawn) every this many seconds
 # An instance nobody uses: what the A100-40GB dump `idle-1g.5gb-allocated` shows, FB_USED 6 and
@@ -41,6 +42,9 @@ PCIE_IDLE_TX, PCIE_IDLE_RX, PCIE_BUSY_TX, PCIE_BUSY_RX = (
     2_000_000_000,
     4_000_000_000,
 )
+# Throttled (a thermal or power fault): the SM clock drops to this share of its most; a thermal
+# slowdown holds the GPU this far above its hottest busy temperature.
+THROTTLED_CLOCK_SHARE, THERMAL_RISE_C = 0.6, 12
 # A counter "since boot" needs a boot: a fixed time per GPU (in the 30 days from 2025-01-01 UTC).
 BOOT_EPOCH_S, BOOT_SPREAD_S = 1_735_689_600, 30 * 86_400
 
@@ -48,8 +52,9 @@ BOOT_EPOCH_S, BOOT_SPREAD_S = 1_735_689_600, 30 * 86_400
 class Reading(NamedTuple):
     """One series subject's values: a whole GPU, a MIG instance, or a MIG GPU without instances.
 
-    A named tuple: 5,000 nodes make 200,000 of them every 10-s step, and a tuple is built in C,
-    several times faster than a frozen dataclass's field-by-field `__init__`.
+    Built by keyword (nvml._reading, the tests), but in the simulation's hot constructor
+    (`_activity_reading`, see _HOT_ORDER). A named tuple: 5,000 nodes make 200,000 of them every
+    10-s step, and a tuple is far cheaper to make and keep than a frozen dataclass.
 
     Each value is read by the fields that declare it as their reading (fields.FIELDS, checked at
     import). None is a value the source does not have (NVML has no profiling fields): its series
@@ -80,14 +85,24 @@ class Reading(NamedTuple):
     fb_total: int | None
     pcie_tx: int | None
     pcie_rx: int | None
-    # Counters and states a healthy simulated GPU reads 0 for; NVML reads them on a real one.
+    # DCGM's clocks-event reasons: GPU_IDLE on an idle GPU, what throttling sets (faults).
+    clocks_event_reasons: int | None = 0
+    # Errors and states a healthy GPU reads 0 for; faults move them (topology/faults.py), NVML
+    # reads some on a real GPU.
     pcie_replay: int | None = 0
     enc_util: int | None = 0
     dec_util: int | None = 0
     remapped_uncorrectable: int | None = 0
     remapped_correctable: int | None = 0
     remap_failure: int | None = 0
-    zero: int | None = 0  # fields only DCGM itself reads (XID, violations, NVLink, ECC): 0 here
+    xid: int | None = 0  # the last Xid
+    ecc_sbe: int | None = 0  # volatile and aggregate alike: no driver reload is simulated
+    ecc_dbe: int | None = 0
+    nvlink_crc_flit: int | None = 0
+    nvlink_crc_data: int | None = 0
+    power_violation: int | None = 0  # ns
+    thermal_violation: int | None = 0  # ns
+    zero: int | None = 0  # fields only DCGM itself reads that no fault moves: 0 here
 
 
 def step_of(now: float) -> int:
@@ -191,17 +206,38 @@ def _mig_fb(model: GpuModel, dev: MigDevice) -> tuple[int, int, int]:
 # A GPU's own values, which each of its series carries: SM and memory clocks, GPU and memory
 # temperatures, power and its limit, energy, utilization, memory copy utilization, PCIe TX and RX.
 GpuLevel = tuple[int, int, int, int, float, float, int, int | None, int | None, int, int]
+# The hot constructor below makes 200,000 readings a step at 5,000 nodes: it builds each from its
+# values in Reading's order, with no keywords to parse (they took a quarter of a step). Its order
+# is this, checked against Reading's fields at import; tests check it against keyword-built ones.
+_HOT_ORDER = (
+    "sm_clock", "mem_clock", "gpu_temp", "memory_temp", "power", "power_limit", "energy",
+    "gpu_util", "mem_copy_util", "activity", "sm_active", "sm_occupancy", "tensor", "fp64",
+    "fp32", "fp16", "dram", "fb_used", "fb_free", "fb_reserved", "fb_total", "pcie_tx", "pcie_rx",
+    "clocks_event_reasons",
+)  # fmt: skip
+# What faults set, the rest of a Reading (each GPU's, in `_health`).
+HEALTH_FIELDS = Reading._fields[len(_HOT_ORDER) :]
+if Reading._fields[: len(_HOT_ORDER)] != _HOT_ORDER:
+    raise ImportError("readings._HOT_ORDER is not Reading's first fields: make them agree")
+HEALTHY = tuple(Reading._field_defaults[name] for name in HEALTH_FIELDS)  # a healthy GPU's
+_new = tuple.__new__
 
 
-def _activity_reading(level: GpuLevel, activity: float, fb: tuple[int | None, ...]) -> Reading:
+def _activity_reading(
+    level: GpuLevel,
+    activity: float,
+    fb: tuple[int | None, ...],
+    health: tuple[int | None, ...],
+    reasons: int,
+) -> Reading:
     sm, mem, temp, mem_temp, power, limit, energy, util, copy, tx, rx = level
     used, free, reserved, total = fb
-    return Reading(
-        sm, mem, temp, mem_temp, power, limit, energy, util, copy,
-        activity, activity * SM_SHARE, activity * OCCUPANCY_SHARE, activity * TENSOR_SHARE,
+    return _new(Reading, (
+        sm, mem, temp, mem_temp, power, limit, energy, util, copy, activity,
+        activity * SM_SHARE, activity * OCCUPANCY_SHARE, activity * TENSOR_SHARE,
         activity * FP64_SHARE, activity * FP32_SHARE, activity * FP16_SHARE,
-        activity * DRAM_SHARE, used, free, reserved, total, tx, rx,
-    )  # fmt: skip
+        activity * DRAM_SHARE, used, free, reserved, total, tx, rx, reasons, *health,
+    ))  # fmt: skip
 
 
 Pods = tuple[tuple[str, int, int], ...]  # (uid, lowest %, highest %) of each pod, by uid
@@ -234,6 +270,8 @@ class GpuPlan:
     # With MIG on, each instance: its pods, its compute slices, (used, free, total) MiB.
     instances: tuple[tuple[Pods, int, tuple[int, int, int]], ...]
     slots: int = 1  # the GPU's compute slices
+    faults: tuple[Fault, ...] = ()  # its faults (topology/faults.py), past, present and ahead
+    counted: tuple[tuple[str, int], ...] = ()  # what its cleared faults counted
 
 
 def plan_gpu(
@@ -248,13 +286,15 @@ def plan_gpu(
             slices = profile.compute_slices if profile else 0
             shares.append((_pods(dev.status), slices, _mig_fb(model, dev)))
         # A MIG GPU's own series (with no instance) has no memory.
-        return GpuPlan(gpu.id, figures, True, (), (None, None, None, None), tuple(shares),
-                       model.compute_slots)  # fmt: skip
+        return GpuPlan(gpu_id=gpu.id, figures=figures, mig=True, pods=(),
+                       fb=(None, None, None, None), instances=tuple(shares),
+                       slots=model.compute_slots, faults=gpu.faults, counted=gpu.counted)  # fmt: skip
     total = model.fb_total_mib if model else gpu_memory
     reserved = model.total_memory_mib - total if model else 0
     used = fb_used(gpu.status, total)
     fb = (used, total - used, reserved, total + reserved)
-    return GpuPlan(gpu.id, figures, False, _pods(gpu.status), fb, ())
+    return GpuPlan(gpu_id=gpu.id, figures=figures, mig=False, pods=_pods(gpu.status), fb=fb,
+                   instances=(), faults=gpu.faults, counted=gpu.counted)  # fmt: skip
 
 
 def read_gpu(
@@ -289,6 +329,12 @@ def read_plan(
         load = gpu_util / 100
         idle_w = figures.idle_power_w
         sm_clock = figures.sm_clock_max_mhz if gpu_util else figures.sm_clock_idle_mhz
+    health, throttled = HEALTHY, None
+    if plan.faults or plan.counted:
+        throttled = faults.state(plan.faults, plan.counted, step * STEP_S)
+        health = _health(throttled)
+        if throttled.power:  # held at its limit, whatever it is asked to do
+            load = 1.0
     # Power wanders by up to half a watt from step to step, as a real sensor's does.
     wander = _draw(f"power/{plan.gpu_id}/{step}") - 0.5
     power = round(
@@ -298,6 +344,10 @@ def read_plan(
     gpu_temp = round(
         figures.gpu_temp_idle_c + (figures.gpu_temp_max_c - figures.gpu_temp_idle_c) * heat
     )
+    if throttled is not None and (throttled.thermal or throttled.power):
+        sm_clock = round(figures.sm_clock_max_mhz * THROTTLED_CLOCK_SHARE)
+        if throttled.thermal:
+            gpu_temp = figures.gpu_temp_max_c + THERMAL_RISE_C
     meter, node = energy
     joules = meter.read(node, plan.gpu_id, step * STEP_S, power, figures.max_power_w)
     level: GpuLevel = (
@@ -306,11 +356,32 @@ def read_plan(
         None if gpu_util is None else round(100 * load * DRAM_SHARE),
         PCIE_IDLE_TX + round(PCIE_BUSY_TX * load), PCIE_IDLE_RX + round(PCIE_BUSY_RX * load),
     )  # fmt: skip
+    # The clocks-event reasons are the GPU's: idle (clocks down because nothing runs), throttled.
+    reasons = (0 if load else faults.GPU_IDLE) | (throttled.reasons if throttled else 0)
     if not plan.mig:
-        return _activity_reading(level, load, plan.fb), []
-    gpu_reading = _activity_reading(level, 0.0, plan.fb)
+        return _activity_reading(level, load, plan.fb, health, reasons), []
+    gpu_reading = _activity_reading(level, 0.0, plan.fb, health, reasons)
     out = [
-        _activity_reading(level, a, (u, f, 0, t))
+        _activity_reading(level, a, (u, f, 0, t), health, reasons)
         for a, (_, _, (u, f, t)) in zip(activities, plan.instances, strict=True)
     ]
     return gpu_reading, out
+
+
+def _health(state: faults.State) -> tuple[int | None, ...]:
+    """The readings' values a GPU's faults set, in HEALTH_FIELDS' order."""
+    c = state.counters
+    found = {
+        "xid": state.xid,
+        "ecc_sbe": c[faults.SBE],
+        "ecc_dbe": c[faults.DBE],
+        "remapped_correctable": c[faults.REMAP_CORRECTABLE],
+        "remapped_uncorrectable": c[faults.REMAP_UNCORRECTABLE],
+        "remap_failure": int(state.remap_failure),
+        "pcie_replay": c[faults.PCIE_REPLAY],
+        "nvlink_crc_flit": c[faults.NVLINK_FLIT],
+        "nvlink_crc_data": c[faults.NVLINK_DATA],
+        "thermal_violation": c[faults.THERMAL_NS],
+        "power_violation": c[faults.POWER_NS],
+    }
+    return tuple(found.get(name, Reading._field_defaults[name]) for name in HEALTH_FIELDS)

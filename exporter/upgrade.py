@@ -19,6 +19,8 @@ _ROWS: list[tuple[str, object]] = [
     ("`GPU_I_PROFILE`", lambda g: "DCGM's (`7g.79gb`)" if g.profile_names == "dcgm"
      else "NVML's, as NVML returns it (`MIG 7g.80gb`)"),
     ("`DCGM_FI_DEV_XID_ERRORS`", lambda g: "`err_code`, `err_msg`" if g.xid_labels else "value only"),
+    ("a GPU without an Xid yet", lambda g: "no `DCGM_FI_DEV_XID_ERRORS` series (blank)"
+     if g.xid_blank else "`DCGM_FI_DEV_XID_ERRORS` 0"),
     ("`--kubernetes-enable-dra`", lambda g: "yes" if g.dra else "no"),
     ("`--kubernetes-enable-pod-uid`", lambda g: "no" if not g.pod_uid else
      "`pod_uid` on pods, replicas and DRA copies" if g.dra_pod_uid else

@@ -138,9 +138,9 @@ def test_updater_health_says_what_it_waits_for_or_which_loop_died() -> None:
     controller = Controller(None, None)  # type: ignore[arg-type]
     waiting = daemon._health(controller, leader=False, dead=[])
     assert (waiting.healthy, waiting.reason) == (
-        False, "waiting for the first list of layouts, nodes, pods"
+        False, "waiting for the first list of layouts, nodes, pods, policies"
     )  # fmt: skip
-    controller.synced |= {"nodes", "pods", "layouts"}
+    controller.synced |= {"nodes", "pods", "layouts", "policies"}
     ok = daemon._health(controller, leader=True, dead=[])
     assert (ok.healthy, ok.reason) == (True, "ok")
     assert "mig_status_updater_leader 1.0\n" in ok.own.decode()
@@ -238,6 +238,7 @@ def test_the_writer_waits_while_an_informer_fails_until_it_lists_again() -> None
     for what in ("nodes", "pods"):
         controller._reset(what, [])
     controller.events.put(("layouts", "RESET", None))
+    controller.events.put(("policies", "RESET", []))
     controller.drain()
     assert controller.following()
     controller._informer_error("pods", "pods: HTTP 500 Internal Server Error")
