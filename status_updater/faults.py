@@ -33,7 +33,7 @@ from kube import selectors
 from status_updater.objects import Obj, metadata, node_name, strings
 from topology import faults as catalog
 from topology.errors import TopologyError
-from topology.model import MAX_INTEGER, Fault, Gpu, NodeTopology, parse_time
+from topology.model import MAX_COUNT, MAX_INTEGER, Fault, Gpu, NodeTopology, parse_time
 
 POLICY_LABEL = "mig-exporter/fault-policy"  # marks a ConfigMap as a fault policy
 POLICY_KEY = "policy.yaml"
@@ -44,6 +44,9 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|m|s)")
 _UNITS = {"h": 3600, "m": 60, "s": 1}
 _FAULT_KEYS = ("fault", "xid", "count", "rate", "correctable")
 _ENTRY_KEYS = frozenset({"gpu", "since", "for", *_FAULT_KEYS})
+# The times a fault may begin and end: what a topology document writes and reads back as RFC 3339
+# (model.time_text: a year of four digits), from the Unix epoch on.
+FIRST_TIME, LAST_TIME = 0, 253402300799  # 1970-01-01T00:00:00Z, 9999-12-31T23:59:59Z
 
 
 class Bad(Exception):
@@ -80,7 +83,7 @@ def _integer(data: Mapping[str, Any], key: str, field: str, low: int, high: int)
 def read_fault(data: Mapping[str, Any], field: str, source: str) -> Fault:
     """The fault an entry (or a policy's `fault`) names, its start not yet known (since 0)."""
     name = data.get("fault")
-    if name not in catalog.CATALOG:
+    if not isinstance(name, str) or name not in catalog.CATALOG:
         raise Bad(f"{field}.fault", f"must be one of {', '.join(catalog.CATALOG)}, got {name!r}")
     xid = None
     if name == "xid":
@@ -101,8 +104,11 @@ def read_fault(data: Mapping[str, Any], field: str, source: str) -> Fault:
     correctable = data.get("correctable", False)
     if not isinstance(correctable, bool) or (correctable and name != "row-remap"):
         raise Bad(f"{field}.correctable", "is true or false, and only for fault row-remap")
-    return Fault(fault=name, since=0, xid=xid, count=count,
-                 rate=None if rate is None else float(rate), correctable=correctable,
+    if rate is not None:
+        # A whole rate kept an int: the topology document writes ints, and no float yet
+        # (model._fault_lines, yamltext.scalar), so `rate: 6.0` is written as 6.
+        rate = int(rate) if float(rate).is_integer() else float(rate)
+    return Fault(fault=name, since=0, xid=xid, count=count, rate=rate, correctable=correctable,
                  source=source)  # fmt: skip
 
 
@@ -186,7 +192,17 @@ def _entry(item: object, gpus: Sequence[Gpu], field: str) -> Entry:
         except ValueError as e:
             raise Bad(f"{field}.since", str(e)) from None
     lasts = duration(item["for"], f"{field}.for") if item.get("for") is not None else None
+    if since is not None:
+        _within_times(since, since + (lasts or 0), f"{field}.since")
     return Entry(gpu, fault, since, lasts)
+
+
+def _within_times(first: int, last: int, field: str) -> None:
+    """Bad unless a fault from `first` to `last` can be written (the topology's RFC 3339)."""
+    if first < FIRST_TIME:
+        raise Bad(field, "is before 1970-01-01T00:00:00Z, the first time a fault may begin")
+    if last > LAST_TIME:
+        raise Bad(field, "ends after 9999-12-31T23:59:59Z, the last time a fault may end")
 
 
 # --- fleet policies ------------------------------------------------------------------------------
@@ -273,6 +289,7 @@ def _policy(name: str, data: object, where: str, created: object, now: float) ->
     fault = read_fault(spec, f"{where}.fault", f"policy/{name}")
     base, within = _start(data.get("start") or {}, f"{where}.start", created, now)
     lasts = duration(data["for"], f"{where}.for") if data.get("for") is not None else None
+    _within_times(base, base + within + (lasts or 0), f"{where}.start")
     seed = data.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise Bad(f"{where}.seed", f"expected an integer, got {seed!r}")
@@ -409,7 +426,9 @@ def apply(
         # what the old faults counted by now and the new ones do not is kept in `counted`.
         for name, value in _total(old_faults, now).items():
             if (short := value - _total(made, now).get(name, 0)) > 0:
-                counted[name] = counted.get(name, 0) + short
+                # At most what a topology document holds (model.MAX_COUNT: 104 days throttled,
+                # in ns), so that the exporter, and the updater after a restart, read it back.
+                counted[name] = min(counted.get(name, 0) + short, MAX_COUNT)
         gpus.append(replace(gpu, faults=tuple(made),
                             counted=tuple(sorted((k, v) for k, v in counted.items() if v))))  # fmt: skip
     return replace(topo, gpus=tuple(gpus))
