@@ -241,11 +241,20 @@ def _fault_lines(f: Fault) -> list[str]:
     if f.count != 1:
         lines.append(f"count: {f.count}")
     if f.rate is not None:
-        lines.append(f"rate: {q(f.rate)}")
+        lines.append(f"rate: {_decimal(f.rate)}")
     if f.correctable:
         lines.append("correctable: true")
     lines.append(f"source: {q(f.source)}")
     return [f"      - {lines[0]}", *(f"        {line}" for line in lines[1:])]
+
+
+def _decimal(value: float) -> str:
+    """A number as YAML reads it back exactly: an integer's digits, else a float with its dot
+    (PyYAML reads `1e-05`, without one, as a string)."""
+    if float(value).is_integer():
+        return str(int(value))
+    text = repr(float(value))
+    return text if "e" not in text else f"{value:.15f}".rstrip("0")
 
 
 def _dump_migs(migs: tuple[MigDevice, ...], out: list[str]) -> None:

@@ -609,11 +609,6 @@ def test_a_faults_rate_is_written_and_read_back() -> None:
     assert load_yaml(dump_yaml(Topology(nodes={"k80": topo}))).nodes["k80"] == topo
 
 
-@pytest.mark.xfail(
-    strict=True, raises=TypeError,
-    reason="topology/model.py _fault_lines writes `rate` with yamltext.scalar, which has no float "
-    "form: a fault with a rate of 0.5 a minute cannot be written (dump_yaml raises)",
-)  # fmt: skip
 def test_a_fractional_rate_is_written_and_read_back() -> None:
     topo = result(settled([gpu_node("k80", [{"gpu": 0, "fault": "ecc-sbe", "rate": 0.5}])]), "k80")
     assert load_yaml(dump_yaml(Topology(nodes={"k80": topo}))).nodes["k80"] == topo

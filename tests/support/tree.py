@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from topology.model import AllocatedBy, DeviceStatus, MigDevice, Topology
+from topology.model import AllocatedBy, DeviceStatus, Fault, MigDevice, Topology, time_text
 from topology.yamltext import dump
 
 __all__ = ["dump", "to_dict"]
@@ -63,6 +63,22 @@ def _mig_to_dict(dev: MigDevice) -> dict[str, Any]:
     return out
 
 
+def _fault_to_dict(f: Fault) -> dict[str, Any]:
+    out: dict[str, Any] = {"fault": f.fault, "since": time_text(f.since)}
+    if f.until is not None:
+        out["until"] = time_text(f.until)
+    if f.xid is not None:
+        out["xid"] = f.xid
+    if f.count != 1:
+        out["count"] = f.count
+    if f.rate is not None:
+        out["rate"] = f.rate
+    if f.correctable:
+        out["correctable"] = True
+    out["source"] = f.source
+    return out
+
+
 def to_dict(topology: Topology) -> dict[str, Any]:
     nodes: dict[str, Any] = {}
     for name in sorted(topology.nodes):
@@ -74,6 +90,10 @@ def to_dict(topology: Topology) -> dict[str, Any]:
                 g["status"] = _status_to_dict(gpu.status)
             if gpu.mig_devices is not None:
                 g["mig-devices"] = [_mig_to_dict(d) for d in gpu.mig_devices]
+            if gpu.faults:
+                g["faults"] = [_fault_to_dict(f) for f in gpu.faults]
+            if gpu.counted:
+                g["counted"] = dict(gpu.counted)
             gpus.append(g)
         nodes[name] = {
             "gpu-count": node.gpu_count,

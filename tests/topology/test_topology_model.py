@@ -17,6 +17,7 @@ from topology.model import (
     AllocatedBy,
     DeviceStatus,
     DraClaim,
+    Fault,
     Gpu,
     MigDevice,
     NodeTopology,
@@ -181,7 +182,17 @@ _status = st.builds(
 _mig = st.builds(
     MigDevice, _text, st.integers(0, 7), st.integers(0, 14), st.none() | _text, st.none() | _status
 )
-_gpu = st.builds(Gpu, _text, st.none() | _status, st.none() | st.lists(_mig, max_size=3).map(tuple))
+_time = st.integers(0, 253402300799)  # what RFC 3339 writes: 1970 to 9999
+_fault = st.builds(
+    Fault, fault=_name, since=_time, until=st.none() | _time, xid=st.none() | st.integers(0, 10**9),
+    count=st.integers(0, 10**9), rate=st.none() | st.integers(0, 10**9),  # floats: test_faults
+    correctable=st.booleans(), source=_name,
+)  # fmt: skip
+_counted = st.dictionaries(_name, st.integers(0, 2**53), max_size=3).map(
+    lambda d: tuple(sorted(d.items()))
+)
+_gpu = st.builds(Gpu, _text, st.none() | _status, st.none() | st.lists(_mig, max_size=3).map(tuple),
+                 st.lists(_fault, max_size=2).map(tuple), _counted)  # fmt: skip
 _sharing = st.builds(Sharing, st.sampled_from(["time-slicing", "mps"]), st.integers(2, 16))
 _node = st.builds(NodeTopology, st.integers(0, 64), st.integers(0, 10**6), _text, st.booleans(),
                   st.lists(_gpu, max_size=3).map(tuple), st.none() | _sharing)  # fmt: skip
