@@ -44,10 +44,13 @@ bench: $(VENV)/.installed
 
 # Many-nodes mode at 5,000 nodes (issue 24; about 20 minutes, see BENCHMARKS.md): one exporter beside
 # the one before per-node targets (a git ref), four shards, and a real Prometheus scraping 2,000
-# node targets for 5 minutes. tests/live/test_bench.py runs it at a tiny size only.
+# node targets for 5 minutes; then a fleet fault policy over them (issue 35: the updater's cost,
+# what it changes, the exporter healthy and with faults). tests/live/test_bench.py runs both at a
+# tiny size only.
 bench-many: $(VENV)/.installed
 	./scripts/install-test-tools
 	$(PY) -m bench.many --nodes 5000 --gpus 8 --runs 3 --shards 4 --prometheus-targets 2000
+	$(PY) -m bench.faults --nodes 5000 --gpus 8 --runs 3 --fraction 0.02
 
 # DRA at cluster size (issue 32; about 30 minutes, see BENCHMARKS.md): the updater publishing 5,000
 # H100 x 8 dynamic-MIG nodes' ResourceSlices to an API that takes every write at once (unpaced:

@@ -83,3 +83,20 @@ def test_the_many_nodes_benchmark_prints_every_figure() -> None:
     assert "2 shards serve every node exactly once: yes" in lines, lines
     assert any(line.startswith("prometheus 6 node targets every 2s") and "6 of 6 up" in line
                and ", 0 missed or failed" in line for line in lines), lines  # fmt: skip
+
+
+FAULTS = (
+    "updater: policy over 12 nodes x 2 GPUs applied in ",
+    "exporter healthy: start-up ",
+    "exporter faults: start-up ",
+)
+
+
+def test_the_fault_benchmark_prints_every_figure() -> None:
+    args = ["--nodes", "12", "--gpus", "2", "--runs", "1", "--hold", "2", "--fraction", "0.5"]
+    lines = bench_lines("bench.faults", [*args, "--lead", "4"], FAULTS)
+    # Not timings: the policy changes only the nodes it hits, and the exporter shows it.
+    (updater,) = [line for line in lines if line.startswith("updater: ")]
+    changed = updater.split("GPUs; ")[1]
+    assert changed.split(" nodes' documents change, ")[0] == changed.split(", ")[1].split(" ")[0]
+    assert any("faults' start to a hit node's Xid on its page: " in line for line in lines)
