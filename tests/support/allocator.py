@@ -4,7 +4,8 @@ It allocates one device at a time: the first device (slices by name, then device
 the requested class (`type` gpu or mig) and profile that is not allocated yet and whose counter
 consumption fits what is left of its counter sets (KEP-4815: a device is allocatable when, for
 every counter it consumes, the sum consumed by allocated devices plus its own is at most the
-counter set's value).
+counter set's value), and that carries no taint the request does not tolerate with effect
+NoSchedule or NoExecute (KEP-5055: a `None` taint is only told).
 """
 
 from __future__ import annotations
@@ -42,16 +43,25 @@ class Allocator:
                     return False
         return True
 
-    def allocate(self, kind: str, profile: str | None = None) -> dict[str, Any] | None:
+    @staticmethod
+    def _keeps_off(device: dict[str, Any], tolerated: frozenset[str]) -> bool:
+        return any(
+            t["effect"] in ("NoSchedule", "NoExecute") and t["key"] not in tolerated
+            for t in device.get("taints", ())
+        )
+
+    def allocate(
+        self, kind: str, profile: str | None = None, tolerated: frozenset[str] = frozenset()
+    ) -> dict[str, Any] | None:
         """The device allocated for a request of `kind` (`gpu` or `mig`) and `profile`, or None
-        when none fits."""
+        when none fits; `tolerated`: the taint keys the request tolerates (operator Exists)."""
         for device in self.devices:
             attributes = device["attributes"]
             if attributes["type"]["string"] != kind or device in self.allocated:
                 continue
             if profile is not None and attributes.get("profile", {}).get("string") != profile:
                 continue
-            if not self._fits(device):
+            if not self._fits(device) or self._keeps_off(device, tolerated):
                 continue
             for consumed in device.get("consumesCounters", []):
                 used = self.used[consumed["counterSet"]]
