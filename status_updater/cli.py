@@ -46,7 +46,8 @@ ENVIRONMENT = (*CLUSTER_ENVIRONMENT, "LEASE_NAME", "POD_NAME", "MIG_PARTED_CONFI
                "RESYNC_SECONDS", "METRICS_PORT", "METRICS_ADDRESS", "DRA_NODE_SELECTOR",
                "DRA_DYNAMIC_MIG", "DRA_SLICE_LAYOUT", "DRA_LIST_TYPE_ATTRIBUTES", "DRA_CLAIM_STATUS",
                "KUBE_API_QPS", "KUBE_API_BURST", "LEASE_DURATION_SECONDS", "RENEW_DEADLINE_SECONDS",
-               "RETRY_PERIOD_SECONDS", "POD_LABELS", "POD_LABEL_ALLOWLIST_REGEX")  # fmt: skip
+               "RETRY_PERIOD_SECONDS", "POD_LABELS", "POD_LABEL_ALLOWLIST_REGEX",
+               "FAULT_NODE_LABELS")  # fmt: skip
 
 
 class _LiteralDumper(SafeDumper):  # type: ignore[valid-type,misc]
@@ -398,6 +399,14 @@ def _run_arguments(live: argparse.ArgumentParser) -> None:
     add_dra_arguments(live)
     _pod_label_arguments(live)
     add_claim_status_argument(live)
+    live.add_argument(
+        "--fault-node-labels",
+        action="store_true",
+        default=env_switch("FAULT_NODE_LABELS"),
+        help="label each GPU node mig-exporter/unhealthy-gpus=<n> while n of its GPUs have a "
+        "fault a device plugin would mark unhealthy (a fatal Xid, a lost GPU); needs patch on "
+        "nodes (env FAULT_NODE_LABELS=true)",
+    )
 
 
 def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
@@ -484,6 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             Pace(args.kube_api_qps, int(args.kube_api_burst)),
             timing,
             _copied_labels(args),
+            args.fault_node_labels,
         )
     except KeyboardInterrupt:
         return 130

@@ -30,7 +30,7 @@ from kube.api import REQUEST_TIMEOUT, Backoff, Obj, Said, describe, list_watch
 from status_updater import faults
 from status_updater.claims import read_claim
 from status_updater.dra import DraOptions, node_slimmer
-from status_updater.objects import node_name, pod_key, pod_slimmer
+from status_updater.objects import node_labels, node_name, pod_key, pod_slimmer
 from status_updater.state import ClusterState
 from topology import migparted
 from topology.errors import TopologyError
@@ -107,6 +107,7 @@ class Controller:
         dra: DraOptions | None = None,
         pod_labels: Allowlist | None = None,
         namespace: str = "gpu-operator",
+        node_labels: bool = False,
     ) -> None:
         self.core, self.writer, self.is_leader, self.resync_s = core, writer, is_leader, resync_s
         self.turned = time.monotonic()  # when the writer's loop last began a turn
@@ -135,6 +136,8 @@ class Controller:
         self._remembered = False  # the written assignments were read into the state
         self.invalid = InvalidObjects("mig_status_updater_invalid_objects_total")
         self.namespace = namespace
+        # --fault-node-labels: the number of unhealthy GPUs in a label of each GPU node.
+        self.node_labels = node_labels
         self._policy_said: dict[str, str] = {}  # each bad policy's problem, said once
         self._status_due: set[str] = set()  # policies whose status annotation is to be written
 
@@ -416,6 +419,25 @@ class Controller:
                 return
             self._status_due.discard(name)
 
+    def _label_nodes(self, names: set[str]) -> None:
+        """`mig-exporter/unhealthy-gpus`: how many of a node's GPUs a device plugin would have
+        marked unhealthy now (absent: none), where it is not what the Node says already. A Node
+        that cannot be patched is said and tried again at the next resync."""
+        for name in sorted(names):
+            node = self.state.nodes.get(name)
+            if node is None:
+                continue
+            count = self.state.unhealthy(name)
+            want = str(count) if count else None
+            if node_labels(node).get(faults.UNHEALTHY_LABEL) == want:
+                continue
+            body = {"metadata": {"labels": {faults.UNHEALTHY_LABEL: want}}}
+            try:
+                self.core.patch_node(name, body, _request_timeout=REQUEST_TIMEOUT)
+            except Exception as e:
+                log.warning("node %s: label %s cannot be written: %s", name,
+                            faults.UNHEALTHY_LABEL, describe(e))  # fmt: skip
+
     def drain(self) -> None:
         """Apply every queued event to the state."""
         while True:
@@ -504,6 +526,8 @@ class Controller:
                 backoff.wait(stop)
                 continue
             self._write_status()
+            if self.node_labels:
+                self._label_nodes(set(self.state.nodes) if self._full else self._pending)
             if said.ok():
                 log.info("%s: written again", self.writer.what)
             if self._full:

@@ -45,6 +45,7 @@ def run(
     pace: Pace | None = None,
     timing: Timing = CLIENT_GO,
     pod_labels: Allowlist | None = None,
+    node_labels: bool = False,
 ) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -61,7 +62,7 @@ def run(
         paced(client, pace)
     writer, controller, elector = _components(
         client, layout, lease_name, identity, resync_s, mig_parted_config, dra, lease_client,
-        timing, pod_labels,
+        timing, pod_labels, node_labels,
     )  # fmt: skip
     stop = threading.Event()
 
@@ -112,6 +113,7 @@ def _components(
     lease_client: kubernetes.client.ApiClient | None = None,
     timing: Timing = CLIENT_GO,
     pod_labels: Allowlist | None = None,
+    node_labels: bool = False,
 ) -> tuple[Writer, Controller, LeaderElector]:
     """The layout's writer (and with DRA on the ResourceSlices'), the controller feeding it, and
     the Lease that says who writes."""
@@ -128,7 +130,7 @@ def _components(
         writer = WithSlices(writer, SliceWriter(resource, dra), claims)
     controller = Controller(
         core, writer, resync_s=resync_s, mig_parted_config=mig_parted_config, dra=dra,
-        pod_labels=pod_labels, namespace=namespace,
+        pod_labels=pod_labels, namespace=namespace, node_labels=node_labels,
     )  # fmt: skip
     elector = LeaderElector(
         kubernetes.client.CoordinationV1Api(lease_client or client),

@@ -38,6 +38,9 @@ from topology.model import MAX_COUNT, MAX_INTEGER, Fault, Gpu, NodeTopology, par
 POLICY_LABEL = "mig-exporter/fault-policy"  # marks a ConfigMap as a fault policy
 POLICY_KEY = "policy.yaml"
 STATUS_ANNOTATION = "mig-exporter/fault-status"  # what the updater says a policy hit
+# On a Node, with the updater's --fault-node-labels: how many of its GPUs a device plugin would
+# have marked unhealthy (absent: none).
+UNHEALTHY_LABEL = "mig-exporter/unhealthy-gpus"
 MAX_ENTRIES = 1024  # per node: more is no test anyone runs, and would bloat its document
 MAX_RATE = 1e9  # errors a minute
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|m|s)")

@@ -46,7 +46,7 @@ from status_updater.objects import (
 from status_updater.reconcile import reconcile_node
 from topology import migparted
 from topology.errors import TopologyError
-from topology.faults import Taint
+from topology.faults import NO_SCHEDULE, Taint
 from topology.model import NodeTopology, Topology
 
 
@@ -204,6 +204,12 @@ class ClusterState:
         if not isinstance(result, NodeTopology):
             return ()
         return faults.node_taints(result, self.now)
+
+    def unhealthy(self, name: str) -> int:
+        """How many of the node's GPUs a device plugin would mark unhealthy at `now`: those the
+        DRA driver keeps claims off (a NoSchedule taint: an Xid it does not skip, a lost GPU),
+        as NVIDIA's device plugin skips the same Xids."""
+        return sum(any(t.effect == NO_SCHEDULE for t in gpu) for gpu in self.taints(name))
 
     def remember(self, placed: Mapping[str, NodeTopology]) -> None:
         """What the updater wrote for these nodes (read back after a restart, or from another

@@ -34,6 +34,7 @@ def run_daemon(
     resync_s: float,
     scenario: Callable[[], None],
     dra: DraOptions | None = None,
+    node_labels: bool = False,
 ) -> int:
     """Runs the daemon until `scenario` (in another thread) is over, then sends it SIGTERM;
     its exit code. A scenario's failure is raised here."""
@@ -55,8 +56,9 @@ def run_daemon(
     driver = threading.Thread(target=drive, daemon=True)
     driver.start()
     code = daemon.run(
-        str(config), layout, "lease", "me", resync_s, "gpu-operator/absent", None, dra
-    )
+        str(config), layout, "lease", "me", resync_s, "gpu-operator/absent", None, dra,
+        node_labels=node_labels,
+    )  # fmt: skip
     driver.join(5)
     if failed:
         raise failed[0]

@@ -122,3 +122,37 @@ def test_a_policy_and_an_annotation_in_a_running_updater(
         "configmap gpu-ops/dbe (fault policy): data[policy.yaml].fault.fault: must be one of "
         f"{', '.join(catalog.CATALOG)}, got 'fire'; its last good version is kept"
     ]
+
+
+def test_without_dra_a_node_label_counts_the_gpus_a_device_plugin_would_mark_unhealthy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--fault-node-labels: `mig-exporter/unhealthy-gpus` while a fatal Xid lasts (not for
+    Xid 13, the application's), every GPU of the node for a lost one, gone once cleared."""
+    with KubeAPI.start() as kube:
+        kube.create("nodes", whole_gpu_node("k80"))
+
+        def label() -> str | None:
+            return (kube.get("nodes", "k80")["metadata"].get("labels") or {}).get(
+                faults.UNHEALTHY_LABEL
+            )
+
+        def annotate(entries: list[dict[str, Any]] | None) -> None:
+            text = None if entries is None else json.dumps(entries)
+            kube.patch("nodes", "k80", {"metadata": {"annotations": {catalog.ANNOTATION: text}}})
+
+        def scenario() -> None:
+            eventually(lambda: topology(kube) is not None, timeout=10)
+            annotate([{"gpu": 0, "fault": "xid", "xid": 13}])
+            eventually(lambda: sources(kube) == [["annotation"], []], timeout=5)
+            time.sleep(0.5)  # a turn of the writer: no label for the application's Xid
+            assert label() is None
+            annotate([{"gpu": 1, "fault": "xid", "xid": 48}])
+            eventually(lambda: label() == "1", timeout=5)
+            annotate([{"gpu": 1, "fault": "lost"}])
+            eventually(lambda: label() == "2", timeout=5)  # GPU_IS_LOST: all of them
+            annotate(None)
+            eventually(lambda: label() is None, timeout=5)
+
+        assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 30.0, scenario,
+                          node_labels=True) == 0  # fmt: skip
