@@ -330,22 +330,24 @@ def read_plan(
         idle_w = figures.idle_power_w
         sm_clock = figures.sm_clock_max_mhz if gpu_util else figures.sm_clock_idle_mhz
     health, throttled = HEALTHY, None
+    draw = load  # the share of its power limit it draws above idle
     if plan.faults or plan.counted:
         throttled = faults.state(plan.faults, plan.counted, step * STEP_S)
         health = _health(throttled)
-        if throttled.power:  # held at its limit, whatever it is asked to do
-            load = 1.0
+        if throttled.power:  # held at its limit, whatever it runs: what it runs stays its pods'
+            draw = 1.0
     # Power wanders by up to half a watt from step to step, as a real sensor's does.
     wander = _draw(f"power/{plan.gpu_id}/{step}") - 0.5
     power = round(
-        min(idle_w + (figures.max_power_w - idle_w) * load + wander, figures.max_power_w), 3
+        min(idle_w + (figures.max_power_w - idle_w) * draw + wander, figures.max_power_w), 3
     )
     heat = (power - figures.idle_power_w) / (figures.max_power_w - figures.idle_power_w)
     gpu_temp = round(
         figures.gpu_temp_idle_c + (figures.gpu_temp_max_c - figures.gpu_temp_idle_c) * heat
     )
     if throttled is not None and (throttled.thermal or throttled.power):
-        sm_clock = round(figures.sm_clock_max_mhz * THROTTLED_CLOCK_SHARE)
+        # Throttling lowers the clock, never raises it: an idle GPU's stays at its idle clock.
+        sm_clock = min(sm_clock, round(figures.sm_clock_max_mhz * THROTTLED_CLOCK_SHARE))
         if throttled.thermal:
             gpu_temp = figures.gpu_temp_max_c + THERMAL_RISE_C
     meter, node = energy
@@ -356,8 +358,9 @@ def read_plan(
         None if gpu_util is None else round(100 * load * DRAM_SHARE),
         PCIE_IDLE_TX + round(PCIE_BUSY_TX * load), PCIE_IDLE_RX + round(PCIE_BUSY_RX * load),
     )  # fmt: skip
-    # The clocks-event reasons are the GPU's: idle (clocks down because nothing runs), throttled.
-    reasons = (0 if load else faults.GPU_IDLE) | (throttled.reasons if throttled else 0)
+    # The clocks-event reasons are the GPU's: idle (clocks down because nothing runs; not one
+    # held at its power limit), throttled.
+    reasons = (0 if draw else faults.GPU_IDLE) | (throttled.reasons if throttled else 0)
     if not plan.mig:
         return _activity_reading(level, load, plan.fb, health, reasons), []
     gpu_reading = _activity_reading(level, 0.0, plan.fb, health, reasons)

@@ -13,11 +13,16 @@ TEXTS = {
     45: "Preemptive cleanup, due to previous errors -- Most likely to see when running multiple cuda",
     48: "Double Bit ECC Error",
     63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    68: "NVDEC0 Exception",
     74: "NVLINK Error",
     79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
     94: "Contained ECC error",
     95: "Uncontained ECC error",
+    109: "Context Switch Timeout Error",
     119: "GSP RPC Timeout",
+    120: "GSP Error",
 }
 
 
