@@ -149,10 +149,10 @@ FIELDS = declare(
           _WHOLE, lambda r: r.dec_util, moves=False),
     Field("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.",
           _EVERYWHERE, lambda r: r.xid, moves=False),
-    # Throttled time counts in ns, whatever the counters files' help says (dcgm_fields.h).
-    Field("DCGM_FI_DEV_POWER_VIOLATION", "counter", "Time throttled by the power limit (in us).",
+    # Throttled time counts in ns, whatever a counters file's help says (dcgm_fields.h).
+    Field("DCGM_FI_DEV_POWER_VIOLATION", "counter", "Time throttled by the power limit (in ns).",
           _EVERYWHERE, lambda r: r.power_violation, moves=False),
-    Field("DCGM_FI_DEV_THERMAL_VIOLATION", "counter", "Time throttled by temperature (in us).",
+    Field("DCGM_FI_DEV_THERMAL_VIOLATION", "counter", "Time throttled by temperature (in ns).",
           _EVERYWHERE, lambda r: r.thermal_violation, moves=False),
     Field("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge",
           "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*).",
