@@ -701,3 +701,17 @@ def test_what_cleared_faults_counted_changes_only_the_counters() -> None:
         assert [(s.name, s.labels) for s in after] == [(s.name, s.labels) for s in before]
         for b, a in zip(before, after, strict=True):
             assert a.value == b.value + counted.get(by_family.get(b.name, ""), 0), (g.name, b)
+
+
+def test_every_xid_of_dcgm_exporter_s_table_has_its_text_and_others_are_unknown() -> None:
+    """Its table runs from 0 to 172 (xid_errors.go); a real line (DCGM #235) shows 45's text.
+    Past the table: "Unknown Error", as dcgm-exporter writes it."""
+    from exporter.xid import TEXTS, xid_text
+
+    assert sorted(TEXTS) == list(range(173))
+    assert xid_text(45) == (
+        "Preemptive cleanup, due to previous errors -- Most likely to see when running multiple cuda"
+    )
+    assert (xid_text(8), xid_text(173), xid_text(10_000)) == (
+        "GPU stopped processing", "Unknown Error", "Unknown Error")  # fmt: skip
+    assert all(text and "\t" not in text for text in TEXTS.values())
