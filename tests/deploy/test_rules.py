@@ -50,6 +50,9 @@ def test_the_rule_is_a_prometheus_operator_object() -> None:
     assert {r.get("record") or r.get("alert") for r in rules} == {
         "mig:fb_used_mib:sum", "mig:fb_free_mib:sum", "mig:fb_used:ratio",
         "MigInstanceMemoryNearFull", "MigExporterShardingMismatch", "MigExporterShardsMissing",
+        # GPU health, unit-tested on the simulator's output (tests/rules/test_fault_alerts.py).
+        "GpuXidFatal", "GpuXidError", "GpuEccDoubleBitError", "GpuRowRemapFailure", "GpuLost",
+        "GpuThermalThrottling", "GpuPowerThrottling",
     }  # fmt: skip
 
 
@@ -57,7 +60,7 @@ def test_promtool_checks_the_rules(tmp_path: Path) -> None:
     directory = unit_test_dir(tmp_path, crd()["spec"])
     result = promtool("check", "rules", "rules.yaml", cwd=directory)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 6 rules found" in result.stdout
+    assert "SUCCESS: 13 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass(tmp_path: Path) -> None:
