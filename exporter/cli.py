@@ -38,7 +38,7 @@ ENVIRONMENT = (
     "KUBERNETES_ENABLE_POD_UID", "DCGM_EXPORTER_ENABLE_EXPORTER_METRICS",
     "KUBERNETES_ENABLE_POD_LABELS", "KUBERNETES_POD_LABEL_ALLOWLIST_REGEX",
     "WEB_CONFIG_FILE", "DCGM_EXPORTER_VERSION", "KUBERNETES_ENABLE_DRA", "TOTAL_SHARDS", "SHARD",
-    "POD_NAME", "POD_NAMESPACE", "DRA_CLAIM_STATUS",
+    "POD_NAME", "POD_NAMESPACE", "DRA_CLAIM_STATUS", "DCGM_EXPORTER_XID_COUNT_WINDOW_SIZE",
 )  # fmt: skip
 
 
@@ -310,6 +310,15 @@ def _series_arguments(p: argparse.ArgumentParser) -> None:
         "matches, anywhere in it; none: every label (env KUBERNETES_POD_LABEL_ALLOWLIST_REGEX)",
     )
     p.add_argument(
+        "-x",
+        "--xid-count-window-size",
+        type=_window_ms,
+        default=_window_ms(os.environ.get("DCGM_EXPORTER_XID_COUNT_WINDOW_SIZE") or "300000"),
+        metavar="MS",
+        help="the window DCGM_EXP_XID_ERRORS_COUNT counts Xids over, in ms, where the counters "
+        "file names it (default 300000; env DCGM_EXPORTER_XID_COUNT_WINDOW_SIZE)",
+    )
+    p.add_argument(
         "--kubernetes-enable-pod-uid",
         action="store_true",
         default=env_switch("KUBERNETES_ENABLE_POD_UID"),
@@ -317,6 +326,16 @@ def _series_arguments(p: argparse.ArgumentParser) -> None:
         "plugin's pods and replicas from 4.8.3, on DRA copies from 4.8.4 (env "
         "KUBERNETES_ENABLE_POD_UID=true)",
     )
+
+
+def _window_ms(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 0 < value <= 30 * 86_400_000:
+        raise argparse.ArgumentTypeError(f"expected milliseconds above 0, got {text!r}")
+    return value
 
 
 def _generations_help() -> str:
@@ -432,6 +451,7 @@ def _options(args: argparse.Namespace, generation: generations.Generation) -> dc
         pod_labels=Allowlist.parse(args.kubernetes_pod_label_allowlist_regex)
         if args.kubernetes_enable_pod_labels else None,
         dra_claim_status=args.dra_claim_status,
+        xid_count_window_ms=args.xid_count_window_size,
     )  # fmt: skip
 
 

@@ -34,7 +34,16 @@ from functools import lru_cache
 
 from common.podlabels import Allowlist
 from exporter import readings
-from exporter.fields import EMPTY, GPU, MIG, Counter, Counters, canonical, read_counters
+from exporter.fields import (
+    EMPTY,
+    GPU,
+    MIG,
+    XID_COUNT,
+    Counter,
+    Counters,
+    canonical,
+    read_counters,
+)
 from exporter.generations import DEFAULT, Generation
 from exporter.readings import EnergyMeter, Reading
 from exporter.series import (
@@ -95,6 +104,8 @@ class Options:
     # --dra-claim-status, as the DRA driver's #1456 designs it): such an instance is attributed
     # as any other device; off, it is not, as dcgm-exporter 4.8 cannot.
     dra_claim_status: bool = False
+    # --xid-count-window-size: DCGM_EXP_XID_ERRORS_COUNT counts the Xids of this many ms.
+    xid_count_window_ms: int = 300_000
     energy: EnergyMeter = field(default_factory=EnergyMeter, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -223,7 +234,8 @@ def _plans(node: NodeTopology, options: Options, lost: frozenset[int]) -> list[_
         devices: tuple[MigDevice, ...] = ()
         if mig and model is not None and gpu.mig_devices:
             devices = tuple(sorted(gpu.mig_devices, key=lambda d: _mig_order(model, d)))
-        reads = readings.plan_gpu(gpu, model, node.gpu_memory, devices)
+        reads = readings.plan_gpu(gpu, model, node.gpu_memory, devices,
+                                  options.xid_count_window_ms / 1000)  # fmt: skip
         profiles = tuple(_profile(model, d.name, options.generation) for d in devices)
         out.append(_GpuPlan(gpu, labels, mig, devices, profiles, reads))
     return out
@@ -358,22 +370,29 @@ def subject_fragments(subjects: Iterable[Subject], options: Options) -> dict[str
 # A label text and where DCGM_FI_DEV_XID_ERRORS's err_code and err_msg go in it: among the
 # attributes dcgm-exporter sorts by name (after container and the dra_* labels, before
 # namespace, pod, pod_uid and vgpu).
-LabelText = tuple[str, str, int]  # (kind, text, where err_* go)
+# And where DCGM_EXP_XID_ERRORS_COUNT's window_size_in_ms and xid go: after the label fields, in
+# the map dcgm-exporter keeps them in, before the attributes.
+LabelText = tuple[str, str, int, int]  # (kind, text, where err_* go, where the window goes)
 _AFTER_ERR = frozenset({"namespace", "pod", "pod_uid", "vgpu"})
+_ATTRIBUTES = frozenset({"container", *_AFTER_ERR})
 
 
 def _label_texts(subjects: list[Subject], options: Options) -> list[LabelText]:
     """Each subject's label text; where err_* go only where the generation writes them (an int
     per series held, 5,000 nodes' worth, is worth keeping only then)."""
     xid = options.generation.xid_labels and any(map(_is_xid, options.counters.metrics))
+    window = any(c.field.name == XID_COUNT for c in options.counters.metrics)
     out = []
     for kind, labels, _ in subjects:
         parts = [f'{k}="{_escape(v)}"' for k, v in labels]
-        if not xid:
-            out.append((kind, ",".join(parts), 0))
+        text = ",".join(parts)
+        if not (xid or window):
+            out.append((kind, text, 0, 0))
             continue
         cut = next((i for i, (k, _) in enumerate(labels) if k in _AFTER_ERR), len(labels))
-        out.append((kind, ",".join(parts), len(",".join(parts[:cut]))))
+        attributes = next((i for i, (k, _) in enumerate(labels)
+                           if k in _ATTRIBUTES or k.startswith("dra_")), len(labels))  # fmt: skip
+        out.append((kind, text, len(",".join(parts[:cut])), len(",".join(parts[:attributes]))))
     return out
 
 
@@ -381,7 +400,30 @@ def _families(options: Options, texts: list[LabelText], values: list[Reading]) -
     """Each family's lines; a family without a line is left out."""
     generation = options.generation
     return {c.name: lines for c in options.counters.metrics
-            if (lines := _family(c, texts, values, generation))}  # fmt: skip
+            if (lines := _window_family(c, texts, values, options) if c.field.name == XID_COUNT
+                else _family(c, texts, values, generation))}  # fmt: skip
+
+
+def _window_family(
+    c: Counter, texts: list[LabelText], values: list[Reading], options: Options
+) -> bytes:
+    """DCGM_EXP_XID_ERRORS_COUNT: a series per Xid DCGM recorded within the window, its count,
+    with `window_size_in_ms` and `xid`; one of 0 without `xid` where none was (dcgm-exporter's
+    expcollector.go)."""
+    window = f'window_size_in_ms="{options.xid_count_window_ms}"'
+    lines = []
+    for (kind, text, _, cut), reading in zip(texts, values, strict=True):
+        events = c.field.read(reading)
+        if kind not in c.field.where or not isinstance(events, tuple):
+            continue
+        head, tail = text[:cut], text[cut:].lstrip(",")
+        # By label signature, as expfmt sorts them from 4.8.3: a shorter value first.
+        ordered = sorted(events, key=lambda e: (len(str(e[0])), e[0])) if events else [(None, 0)]
+        for xid, count in ordered:
+            added = window if xid is None else f'{window},xid="{xid}"'
+            inner = ",".join(p for p in (head, added, tail) if p)
+            lines.append(f"{c.name}{{{inner}}} {count}\n")
+    return "".join(lines).encode()
 
 
 def _family(
@@ -392,8 +434,9 @@ def _family(
     xid = generation.xid_labels and _is_xid(c)
     blank = generation.xid_blank and _is_xid(c)
     lines = []
-    for (kind, text, cut), reading in zip(texts, values, strict=True):
-        if kind not in f.where or (value := f.read(reading)) is None:
+    for (kind, text, cut, _), reading in zip(texts, values, strict=True):
+        value = f.read(reading)
+        if kind not in f.where or value is None or isinstance(value, tuple):
             continue
         if blank and not value:
             continue  # DCGM has no sample before a GPU's first Xid: the series is blank

@@ -36,6 +36,7 @@ from exporter.readings import Reading
 log = logging.getLogger("exporter")
 
 GPU, MIG, EMPTY = "gpu", "mig", "mig-empty"  # what a series describes
+XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
 _EVERYWHERE = frozenset({GPU, MIG, EMPTY})
 _WHOLE = frozenset({GPU})
 _MEMORY = frozenset({GPU, MIG})
@@ -53,7 +54,9 @@ class Field:
     type: str  # dcgm-exporter's, gauge or counter; a counters file says what is served
     help: str  # dcgm-exporter's; likewise
     where: frozenset[str]  # the kinds of series (GPU, MIG, EMPTY) that carry it
-    read: Callable[[Reading], int | float | None]  # one value of a Reading; None: no series
+    # One value of a Reading; None: no series. DCGM_EXP_XID_ERRORS_COUNT's is (Xid, events)
+    # pairs: a series each (dcgm.py).
+    read: Callable[[Reading], int | float | tuple[tuple[int, int], ...] | None]
     decimal: bool = False  # a DCGM double: printed with six decimals, as dcgm-exporter does
     # Whether its simulated value changes with the clock: a node serving only fields that do not
     # is rendered once per change of its topology, not on every collection step.
@@ -154,6 +157,11 @@ FIELDS = declare(
           _EVERYWHERE, lambda r: r.power_violation, moves=False),
     Field("DCGM_FI_DEV_THERMAL_VIOLATION", "counter", "Time throttled by temperature (in ns).",
           _EVERYWHERE, lambda r: r.thermal_violation, moves=False),
+    # dcgm-exporter's Xid-count collector (its xid_collector.go): off unless a counters file
+    # names it, as in dcgm-exporter's own default file.
+    Field(XID_COUNT, "gauge",
+          "Count of XID Errors within user-specified time window (see xid-count-window-size "
+          "param).", _EVERYWHERE, lambda r: r.xid_window, moves=False),
     Field("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge",
           "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*).",
           _EVERYWHERE, lambda r: r.clocks_event_reasons),

@@ -45,6 +45,7 @@ PCIE_IDLE_TX, PCIE_IDLE_RX, PCIE_BUSY_TX, PCIE_BUSY_RX = (
 # Throttled (a thermal or power fault): the SM clock drops to this share of its most; a thermal
 # slowdown holds the GPU this far above its hottest busy temperature.
 THROTTLED_CLOCK_SHARE, THERMAL_RISE_C = 0.6, 12
+XID_WINDOW_S = 300.0  # dcgm-exporter's --xid-count-window-size default, 300000 ms
 # A counter "since boot" needs a boot: a fixed time per GPU (in the 30 days from 2025-01-01 UTC).
 BOOT_EPOCH_S, BOOT_SPREAD_S = 1_735_689_600, 30 * 86_400
 
@@ -102,6 +103,8 @@ class Reading(NamedTuple):
     nvlink_crc_data: int | None = 0
     power_violation: int | None = 0  # ns
     thermal_violation: int | None = 0  # ns
+    # (Xid, events) DCGM recorded in the Xid-count window (DCGM_EXP_XID_ERRORS_COUNT), by Xid.
+    xid_window: tuple[tuple[int, int], ...] | None = ()
     zero: int | None = 0  # fields only DCGM itself reads that no fault moves: 0 here
 
 
@@ -227,7 +230,7 @@ def _activity_reading(
     level: GpuLevel,
     activity: float,
     fb: tuple[int | None, ...],
-    health: tuple[int | None, ...],
+    health: tuple[object, ...],
     reasons: int,
 ) -> Reading:
     sm, mem, temp, mem_temp, power, limit, energy, util, copy, tx, rx = level
@@ -272,10 +275,15 @@ class GpuPlan:
     slots: int = 1  # the GPU's compute slices
     faults: tuple[Fault, ...] = ()  # its faults (topology/faults.py), past, present and ahead
     counted: tuple[tuple[str, int], ...] = ()  # what its cleared faults counted
+    xid_window_s: float = XID_WINDOW_S  # DCGM_EXP_XID_ERRORS_COUNT's window
 
 
 def plan_gpu(
-    gpu: Gpu, model: GpuModel | None, gpu_memory: int, instances: tuple[MigDevice, ...]
+    gpu: Gpu,
+    model: GpuModel | None,
+    gpu_memory: int,
+    instances: tuple[MigDevice, ...],
+    xid_window_s: float = XID_WINDOW_S,
 ) -> GpuPlan:
     """`instances`: the GPU's MIG instances in the order their readings are wanted."""
     figures = model.figures if model else GENERIC_FIGURES
@@ -288,13 +296,15 @@ def plan_gpu(
         # A MIG GPU's own series (with no instance) has no memory.
         return GpuPlan(gpu_id=gpu.id, figures=figures, mig=True, pods=(),
                        fb=(None, None, None, None), instances=tuple(shares),
-                       slots=model.compute_slots, faults=gpu.faults, counted=gpu.counted)  # fmt: skip
+                       slots=model.compute_slots, faults=gpu.faults, counted=gpu.counted,
+                       xid_window_s=xid_window_s)  # fmt: skip
     total = model.fb_total_mib if model else gpu_memory
     reserved = model.total_memory_mib - total if model else 0
     used = fb_used(gpu.status, total)
     fb = (used, total - used, reserved, total + reserved)
     return GpuPlan(gpu_id=gpu.id, figures=figures, mig=False, pods=_pods(gpu.status), fb=fb,
-                   instances=(), faults=gpu.faults, counted=gpu.counted)  # fmt: skip
+                   instances=(), faults=gpu.faults, counted=gpu.counted,
+                   xid_window_s=xid_window_s)  # fmt: skip
 
 
 def read_gpu(
@@ -333,7 +343,8 @@ def read_plan(
     draw = load  # the share of its power limit it draws above idle
     if plan.faults or plan.counted:
         throttled = faults.state(plan.faults, plan.counted, step * STEP_S)
-        health = _health(throttled)
+        events = faults.xid_events(plan.faults, step * STEP_S, plan.xid_window_s)
+        health = _health(throttled, events)
         if throttled.power:  # held at its limit, whatever it runs: what it runs stays its pods'
             draw = 1.0
     # Power wanders by up to half a watt from step to step, as a real sensor's does.
@@ -371,10 +382,11 @@ def read_plan(
     return gpu_reading, out
 
 
-def _health(state: faults.State) -> tuple[int | None, ...]:
+def _health(state: faults.State, events: tuple[tuple[int, int], ...]) -> tuple[object, ...]:
     """The readings' values a GPU's faults set, in HEALTH_FIELDS' order."""
     c = state.counters
-    found = {
+    found: dict[str, object] = {
+        "xid_window": events,
         "xid": state.xid,
         "ecc_sbe": c[faults.SBE],
         "ecc_dbe": c[faults.DBE],

@@ -185,6 +185,17 @@ def state(faults: Iterable[Fault], counted: Iterable[tuple[str, int]], t: float)
     return State(xid, total, lost, thermal, power, failed)
 
 
+def xid_events(faults: Iterable[Fault], t: float, window_s: float) -> tuple[tuple[int, int], ...]:
+    """How many Xid events of each Xid DCGM recorded in the `window_s` up to `t`: one at each
+    fault's start that raises an Xid (DCGM appends a sample per NVML event), by Xid."""
+    found: dict[int, int] = {}
+    for f in faults:
+        raised = xid_of(f)
+        if raised is not None and t - window_s < f.since <= t:
+            found[raised] = found.get(raised, 0) + 1
+    return tuple(sorted(found.items()))
+
+
 def lost(faults: Iterable[Fault], t: float) -> bool:
     """Whether the GPU is lost at `t` (its series are gone)."""
     return any(

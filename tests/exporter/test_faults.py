@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 from functools import cache
+from pathlib import Path
 from typing import cast
 
 import pynvml
@@ -34,7 +35,7 @@ from exporter.fields import FIELDS, GPU, MIG, Counters, canonical, parse_counter
 from exporter.generations import DEFAULT, G483, GENERATIONS, Generation
 from exporter.many import NodesExporter
 from exporter.readings import HEALTH_FIELDS, Reading
-from tests.support.base import examples
+from tests.support.base import examples, run_cli
 from tests.support.fakenvml import FakeNvml, h100_mixed, without_mig
 from tests.support.promtext import Series, duplicates, parse, promtool_findings
 from topology import faults
@@ -715,3 +716,58 @@ def test_every_xid_of_dcgm_exporter_s_table_has_its_text_and_others_are_unknown(
     assert (xid_text(8), xid_text(173), xid_text(10_000)) == (
         "GPU stopped processing", "Unknown Error", "Unknown Error")  # fmt: skip
     assert all(text and "\t" not in text for text in TEXTS.values())
+
+
+XID_COUNT_CSV = (
+    "DCGM_FI_DEV_XID_ERRORS, gauge, Value of the last XID error encountered.\n"
+    "DCGM_EXP_XID_ERRORS_COUNT, gauge, Count of XID Errors within user-specified time window "
+    "(see xid-count-window-size param).\n"
+    "DCGM_FI_DRIVER_VERSION, label, Driver Version\n"
+)
+
+
+def test_the_xid_count_collector_counts_each_xid_in_its_window_as_dcgm_exporter_does(
+    tmp_path: Path,
+) -> None:
+    """dcgm-exporter PR #239's real line (an Xid 42 injected on a T400): the label fields, then
+    `window_size_in_ms` and `xid`, the count of that Xid's events in the window; a GPU with none
+    has one series of 0 without `xid` (expcollector.go). Off unless the counters file names it."""
+    import time as clock
+
+    from exporter.fields import read_counters
+
+    csv = tmp_path / "counters.csv"
+    csv.write_text(XID_COUNT_CSV)
+    now = float(int(clock.time()))
+    entries = (Fault(fault="xid", xid=42, since=int(now) - 20),
+               Fault(fault="xid", xid=42, since=int(now) - 100, until=int(now) - 90),
+               Fault(fault="ecc-dbe", since=int(now) - 200),  # its Xid 48
+               Fault(fault="xid", xid=8, since=int(now) - 400))  # before the window  # fmt: skip
+    node = NodeTopology(2, 4096, "NVIDIA-T400-4GB", False,
+                        (Gpu(id="GPU-b9f9", faults=entries), Gpu(id="GPU-other")))  # fmt: skip
+    options = dcgm.Options("workstation", counters=read_counters(csv))
+    text = dcgm.render(node, options, now).decode()
+    found = [s for s in parse(text) if s.name == "DCGM_EXP_XID_ERRORS_COUNT"]
+    assert [(s.label("gpu"), dict(s.labels).get("xid"), s.value) for s in found] == [
+        ("0", "42", 2), ("0", "48", 1), ("1", None, 0)]  # fmt: skip
+    assert [n for n, _ in found[0].labels][-6:-2] == [
+        "DCGM_FI_DRIVER_VERSION", "window_size_in_ms", "xid", "container"]  # fmt: skip
+    assert found[0].label("window_size_in_ms") == "300000"
+    shorter = replace(options, xid_count_window_ms=60_000)
+    counts = {(s.label("gpu"), dict(s.labels).get("xid")): s.value
+              for s in parse(dcgm.render(node, shorter, now).decode())
+              if s.name == "DCGM_EXP_XID_ERRORS_COUNT"}  # fmt: skip
+    assert counts == {("0", "42"): 1, ("1", None): 0}
+    assert "DCGM_EXP_XID_ERRORS_COUNT" not in dcgm.render(node, dcgm.Options("h"), now).decode()
+    for g in GENERATIONS:  # every generation: valid, no series twice
+        served = dcgm.render(node, replace(options, generation=g), now).decode()
+        assert not duplicates(parse(served)) and not promtool_findings(served)
+
+
+def test_the_xid_count_window_comes_from_its_flag_or_variable(tmp_path: Path) -> None:
+    from exporter.cli import parser
+
+    assert parser().parse_args([]).xid_count_window_size == 300_000
+    assert parser().parse_args(["-x", "60000"]).xid_count_window_size == 60_000
+    done = run_cli("exporter", "--xid-count-window-size", "0", "--once")
+    assert done.returncode == 2 and "expected milliseconds above 0, got '0'" in done.stderr
