@@ -21,6 +21,12 @@ panel's lines go on across it. The fragments that know the generations are `HOST
 `PROFILE_MATCHER`, the `Field`s and `as_2022` below; tests/live/test_prometheus_generations.py
 runs every query against each generation's exporter and compares the answers.
 
+The Health row shows each physical GPU's errors (last Xid, ECC, remapped rows, PCIe replays,
+NVLink CRC errors, time throttled) and how many GPUs each node serves: what the GPU health alerts
+of deploy/base/prometheus-rule.yaml read. ECC, NVLink CRC and violation times (`OPT_IN`) are in
+no generation's default counters file; their panels stay empty until a counters file asks for
+them, and `queries` leaves them out unless asked (tests/live/test_prometheus_faults.py runs them).
+
 The pod table reads `exported_pod`, `exported_namespace` and `exported_container`: what the
 exporter's `pod`, `namespace` and `container` labels become when Prometheus scrapes it with
 `honor_labels: false`, its default.
@@ -29,6 +35,7 @@ exporter's `pod`, `namespace` and `container` labels become when Prometheus scra
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,15 +80,27 @@ INSTANCE_LEGEND = "{{Hostname}} gpu {{gpu}} {{GPU_I_PROFILE}} GI {{GPU_I_ID}}"
 
 @dataclass(frozen=True)
 class Field:
-    """A DCGM field by its name up to 4.8.4 and by 4.9.0's, read back in the old name's unit."""
+    """A DCGM field by its name up to 4.8.4 and by 4.9.0's, read back in the old name's unit
+    (`new` empty: the same name in every generation)."""
 
     old: str
-    new: str
+    new: str = ""
     to_old_unit: str = ""  # what turns the new name's value into the old unit
 
     def select(self, matchers: str) -> str:
         """The field's series under either name, in the old unit (a target serves one name)."""
+        if not self.new:
+            return f"{self.old}{{{matchers}}}"
         return f"({self.old}{{{matchers}}} or {self.new}{{{matchers}}}{self.to_old_unit})"
+
+    def rate(self, matchers: str) -> str:
+        """A counter's per-second rate over 5 minutes, under either name, in the old unit."""
+        if not self.new:
+            return f"rate({self.old}{{{matchers}}}[5m])"
+        return (
+            f"(rate({self.old}{{{matchers}}}[5m]) or "
+            f"rate({self.new}{{{matchers}}}[5m]){self.to_old_unit})"
+        )
 
     def names(self) -> str:
         """A matcher of both names, for the variables' `label_values`."""
@@ -92,6 +111,31 @@ FB_USED = Field("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_USED_BYTES", " / 1048576"
 FB_FREE = Field("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_FREE_BYTES", " / 1048576")  # MiB
 GR_ENGINE_ACTIVE = Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO")
 POWER_USAGE = Field("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_BOARD_POWER_WATTS")  # W both
+# The health row's fields (docs/faults.md has what each fault moves). Every generation's default
+# counters file has the first ones; `OPT_IN` are commented out in each (dcgm-exporter's own
+# default file too), so their panels are empty until a counters file asks for them
+# (docs/prometheus-grafana.md, "Health row", has the lines).
+XID = Field("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR")
+GPU_TEMP = Field("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_TEMP_CELSIUS")
+REMAPPED_UNCORRECTABLE = Field(
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL"
+)
+REMAPPED_CORRECTABLE = Field(
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL"
+)
+REMAP_FAILURE = Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_FAILED")
+PCIE_REPLAY = Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_PCIE_REPLAY_TOTAL")
+ECC_SBE = Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL")
+ECC_DBE = Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")
+NVLINK_CRC_FLIT = Field(
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL"
+)
+NVLINK_CRC_DATA = Field(
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL"
+)
+THERMAL_VIOLATION = Field("DCGM_FI_DEV_THERMAL_VIOLATION")  # ns throttled, whatever the help says
+POWER_VIOLATION = Field("DCGM_FI_DEV_POWER_VIOLATION")
+OPT_IN = (ECC_SBE, ECC_DBE, NVLINK_CRC_FLIT, NVLINK_CRC_DATA, THERMAL_VIOLATION, POWER_VIOLATION)
 
 
 def with_hostname(expr: str) -> str:
@@ -109,6 +153,16 @@ def as_2022(expr: str) -> str:
 def per_instance(expr: str) -> str:
     """One series per MIG instance (or whole GPU), labelled as in 2022 on every generation."""
     return f"max by ({INSTANCE_LABELS}) ({as_2022(expr)})"
+
+
+GPU_LABELS = "Hostname, gpu"
+GPU_LEGEND = "{{Hostname}} gpu {{gpu}}"
+
+
+def per_gpu(expr: str) -> str:
+    """One series per physical GPU, labelled `Hostname` on every generation: a MIG instance
+    repeats its GPU's fields."""
+    return f"max by ({GPU_LABELS}) ({with_hostname(expr)})"
 
 
 HEIGHT = 8
@@ -135,23 +189,34 @@ def _variable(
     return variable.regex(regex) if regex else variable
 
 
-def _query(expr: str, legend: str) -> prometheus.Dataquery:
+def _query(expr: str, legend: str, ref: str = "A") -> prometheus.Dataquery:
     return (
-        prometheus.Dataquery().datasource(DATASOURCE).expr(expr).legend_format(legend).ref_id("A")
+        prometheus.Dataquery().datasource(DATASOURCE).expr(expr).legend_format(legend).ref_id(ref)
     )
 
 
 def _timeseries(
-    title: str, description: str, expr: str, legend: str, unit: str, width: int = HALF
+    title: str,
+    description: str,
+    expr: str,
+    legend: str,
+    unit: str,
+    width: int = HALF,
+    more: tuple[tuple[str, str], ...] = (),
 ) -> timeseries.Panel:
-    """A line per series, with a table legend showing the last and the highest value."""
+    """A line per series, with a table legend showing the last and the highest value; `more`
+    queries (expression, legend) add their lines to the first's."""
     panel = (
         timeseries.Panel()
         .title(title)
         .description(description)
         .datasource(DATASOURCE)
         .with_target(_query(expr, legend))
-        .unit(unit)
+    )
+    for ref, (other, other_legend) in zip("BCDEF", more, strict=False):
+        panel = panel.with_target(_query(other, other_legend, ref))
+    panel = (
+        panel.unit(unit)
         .min(0)
         .height(HEIGHT)
         .span(width)
@@ -226,6 +291,85 @@ def _pod_table() -> table.Panel:
         .height(HEIGHT)
         .span(FULL)
     )
+
+
+def _health_panels() -> list[timeseries.Panel]:
+    """The Health row: per physical GPU (the profile filter does not apply), what the fault
+    alerts of deploy/base/prometheus-rule.yaml read."""
+    m = GPU_MATCHERS
+    return [
+        _timeseries(
+            "Last Xid per GPU",
+            "The last Xid each GPU reported (DCGM_FI_DEV_XID_ERRORS, or 4.9.0's "
+            "DCGM_FI_DEV_XID_ERROR), 0 for none: from 4.8.3 a GPU has no Xid series before its "
+            "first Xid, so every GPU serving a temperature reads 0 until then. DCGM holds the "
+            "last Xid until the next one or an exporter restart. Fatal ones (48, 64, 74, 79, 95, "
+            "119, 120, 140) alert GpuXidFatal.",
+            per_gpu(f"{XID.select(m)} or {GPU_TEMP.select(m)} * 0"),
+            GPU_LEGEND,
+            "none",
+        ),
+        _timeseries(
+            "ECC errors per GPU (rate)",
+            "Single- and double-bit ECC errors a second over 5 minutes "
+            "(DCGM_FI_DEV_ECC_SBE_VOL_TOTAL, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL). Not in any "
+            "default counters file: empty until yours has their lines. A double-bit error "
+            "alerts GpuEccDoubleBitError.",
+            per_gpu(ECC_SBE.rate(m)),
+            GPU_LEGEND + " single-bit",
+            "cps",
+            more=((per_gpu(ECC_DBE.rate(m)), GPU_LEGEND + " double-bit"),),
+        ),
+        _timeseries(
+            "Remapped rows and remap failure per GPU",
+            "Rows remapped for uncorrectable and for correctable memory errors "
+            "(DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS, _CORRECTABLE_; 4.9.0's "
+            "DCGM_FI_DEV_ROW_REMAP_*_TOTAL), and whether remapping failed (1: "
+            "DCGM_FI_DEV_ROW_REMAP_FAILURE, 4.9.0's _FAILED; alerts GpuRowRemapFailure). "
+            "DCGM serves them for GPUs with MIG off.",
+            per_gpu(REMAPPED_UNCORRECTABLE.select(m)),
+            GPU_LEGEND + " uncorrectable",
+            "none",
+            more=(
+                (per_gpu(REMAPPED_CORRECTABLE.select(m)), GPU_LEGEND + " correctable"),
+                (per_gpu(REMAP_FAILURE.select(m)), GPU_LEGEND + " remap failed"),
+            ),
+        ),
+        _timeseries(
+            "PCIe replays and NVLink CRC errors per GPU (rate)",
+            "PCIe replays a second over 5 minutes (DCGM_FI_DEV_PCIE_REPLAY_COUNTER, 4.9.0's "
+            "DCGM_FI_DEV_PCIE_REPLAY_TOTAL), and NVLink flow-control and data CRC errors "
+            "(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, _DATA_; not in any default "
+            "counters file).",
+            per_gpu(PCIE_REPLAY.rate(m)),
+            GPU_LEGEND + " PCIe replays",
+            "cps",
+            more=(
+                (per_gpu(NVLINK_CRC_FLIT.rate(m)), GPU_LEGEND + " NVLink CRC flit"),
+                (per_gpu(NVLINK_CRC_DATA.rate(m)), GPU_LEGEND + " NVLink CRC data"),
+            ),
+        ),
+        _timeseries(
+            "Time throttled per GPU (fraction)",
+            "Share of the last 5 minutes each GPU's clocks were held down for heat and for "
+            "power: the rate of DCGM_FI_DEV_THERMAL_VIOLATION and DCGM_FI_DEV_POWER_VIOLATION, "
+            "nanoseconds a second, over 10^9. Not in any default counters file. Minutes of it "
+            "alert GpuThermalThrottling and GpuPowerThrottling.",
+            per_gpu(f"{THERMAL_VIOLATION.rate(m)} / 1e9"),
+            GPU_LEGEND + " thermal",
+            "percentunit",
+            more=((per_gpu(f"{POWER_VIOLATION.rate(m)} / 1e9"), GPU_LEGEND + " power"),),
+        ),
+        _timeseries(
+            "GPUs reporting per node",
+            "How many GPUs of each node serve series (a temperature, DCGM_FI_DEV_GPU_TEMP or "
+            "4.9.0's DCGM_FI_DEV_GPU_TEMP_CELSIUS). A drop while the node still answers is a "
+            "GPU DCGM can no longer read (fallen off the bus): GpuLost alerts it.",
+            f"count by (Hostname) ({per_gpu(GPU_TEMP.select(m))})",
+            "{{Hostname}}",
+            "none",
+        ),
+    ]
 
 
 def build() -> dict[str, Any]:
@@ -317,6 +461,11 @@ def build() -> dict[str, Any]:
     # The builder positions panels left to right, wrapping at 24 columns; ids keep links stable.
     for number, panel in enumerate(panels, start=1):
         builder = builder.with_panel(panel.id(number))
+    # The Health row, open: its panels follow it at the top level (numbered after it).
+    row = len(panels) + 1
+    builder = builder.with_row(dashboard_builders.Row("Health").id(row).collapsed(False))
+    for number, panel in enumerate(_health_panels(), start=row + 1):
+        builder = builder.with_panel(panel.id(number))
     model: dict[str, Any] = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
     return model
 
@@ -326,18 +475,25 @@ def render(model: dict[str, Any]) -> str:
     return json.dumps(model, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def queries(model: dict[str, Any]) -> list[str]:
-    """Every panel query's PromQL, in panel order, for tests that run them against Prometheus.
+def queries(model: dict[str, Any], opt_in: bool = False) -> list[str]:
+    """Every panel query's PromQL, in panel order (a collapsed row's panels too), for tests that
+    run them against Prometheus: those that have data on an exporter serving its generation's
+    default counters, or with `opt_in` also those reading a field a counters file must ask for
+    (`OPT_IN`: ECC, NVLink CRC, violation times), empty there.
 
     The expressions use only the `$Hostname`, `$gpu` and `$GPU_I_PROFILE` variables, no other
     Grafana macro, so substituting `.*` for those makes them plain PromQL.
     """
+    opt_in_names = re.compile(
+        r"\b(" + "|".join(n for f in OPT_IN for n in (f.old, f.new) if n) + r")\{"
+    )
     exprs: list[str] = []
     for panel in model.get("panels", []):
-        for target in panel.get("targets", []):
-            expr = target.get("expr")
-            if isinstance(expr, str) and expr:
-                exprs.append(expr)
+        for inner in (panel, *panel.get("panels", [])):
+            for target in inner.get("targets", []):
+                expr = target.get("expr")
+                if isinstance(expr, str) and expr and (opt_in or not opt_in_names.search(expr)):
+                    exprs.append(expr)
     return exprs
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from exporter.generations import GENERATIONS
 from grafana import dashboard
 from tests.support.base import ROOT
 
@@ -38,7 +39,17 @@ UNITS = {
     "Graphics engine activity per instance": "percentunit",
     "Power per GPU": "watt",
     "Which pod holds which instance": "decmbytes",
+    # The Health row (a row panel, "Health", before them): per physical GPU.
+    "Last Xid per GPU": "none",
+    "ECC errors per GPU (rate)": "cps",
+    "Remapped rows and remap failure per GPU": "none",
+    "PCIe replays and NVLink CRC errors per GPU (rate)": "cps",
+    "Time throttled per GPU (fraction)": "percentunit",
+    "GPUs reporting per node": "none",
 }
+HEALTH = list(UNITS)[6:]
+# Per physical GPU: GPU-level fields, which the profile filter does not apply to.
+PER_GPU = {"Power per GPU", *HEALTH}
 GPU_FILTER = HOST_FILTER + ', gpu=~"$gpu"'
 PROFILE_FILTER = 'GPU_I_PROFILE=~"(MIG )?($GPU_I_PROFILE)"'
 # What 4.9.0 calls each field the panels read (and the factor back to the old unit).
@@ -47,7 +58,20 @@ RENAMED = {
     "DCGM_FI_DEV_FB_FREE": "DCGM_FI_DEV_FB_FREE_BYTES{%s} / 1048576",
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO{%s}",
     "DCGM_FI_DEV_POWER_USAGE": "DCGM_FI_DEV_BOARD_POWER_WATTS{%s}",
+    "DCGM_FI_DEV_XID_ERRORS": "DCGM_FI_DEV_XID_ERROR{%s}",
+    "DCGM_FI_DEV_GPU_TEMP": "DCGM_FI_DEV_GPU_TEMP_CELSIUS{%s}",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL{%s}",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL{%s}",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "DCGM_FI_DEV_ROW_REMAP_FAILED{%s}",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "DCGM_FI_DEV_PCIE_REPLAY_TOTAL{%s}",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL{%s}",
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL{%s}",
 }
+# Fields 4.9.0 serves under the same name.
+SAME_NAME = {
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_POWER_VIOLATION",
+}  # fmt: skip
 HOSTNAME = 'label_replace(%s, "Hostname", "$1", "hostname", "(.+)")'
 PROFILE = 'label_replace(%s, "GPU_I_PROFILE", "$1", "GPU_I_PROFILE", "MIG (.+)")'
 
@@ -56,6 +80,11 @@ PROFILE = 'label_replace(%s, "GPU_I_PROFILE", "$1", "GPU_I_PROFILE", "MIG (.+)")
 def committed() -> dict[str, Any]:
     model: dict[str, Any] = json.loads(COMMITTED.read_text(encoding="utf-8"))
     return model
+
+
+def panels_of(model: dict[str, Any]) -> list[dict[str, Any]]:
+    """The panels with queries: the rows aside."""
+    return [p for p in model["panels"] if p["type"] != "row"]
 
 
 def test_committed_json_is_the_generators_output() -> None:
@@ -114,16 +143,20 @@ def test_query_variables(committed: dict[str, Any], name: str) -> None:
 
 
 def test_panels_titles_units_and_descriptions(committed: dict[str, Any]) -> None:
-    panels = committed["panels"]
+    panels = panels_of(committed)
     assert [p["title"] for p in panels] == list(UNITS)
+    rows = [p for p in committed["panels"] if p["type"] == "row"]
+    assert [(r["title"], r["collapsed"]) for r in rows] == [("Health", False)]
+    titles = [p["title"] for p in committed["panels"]]
+    assert titles[titles.index("Health") + 1 :] == HEALTH  # the row holds the health panels
     for panel in panels:
         assert panel["fieldConfig"]["defaults"]["unit"] == UNITS[panel["title"]], panel["title"]
         assert len(panel.get("description", "")) > 20, panel["title"]
-    assert len({p["id"] for p in panels}) == len(panels)
+    assert len({p["id"] for p in committed["panels"]}) == len(committed["panels"])
 
 
 def test_every_panel_and_target_uses_the_datasource_variable(committed: dict[str, Any]) -> None:
-    for panel in committed["panels"]:
+    for panel in panels_of(committed):
         assert panel["datasource"] == DATASOURCE, panel["title"]
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
@@ -133,7 +166,7 @@ def test_every_panel_and_target_uses_the_datasource_variable(committed: dict[str
 
 
 def test_queries_filter_on_the_variables(committed: dict[str, Any]) -> None:
-    by_title = {p["title"]: [t["expr"] for t in p["targets"]] for p in committed["panels"]}
+    by_title = {p["title"]: [t["expr"] for t in p["targets"]] for p in panels_of(committed)}
     for title, exprs in by_title.items():
         for expr in exprs:
             # Every selector in the expression carries the filters, not just the first one.
@@ -141,8 +174,10 @@ def test_queries_filter_on_the_variables(committed: dict[str, Any]) -> None:
             assert selectors, expr
             for selector in selectors:
                 assert GPU_FILTER in selector, (title, expr)
-                if title != "Power per GPU":
+                if title not in PER_GPU:
                     assert PROFILE_FILTER in selector, (title, expr)
+                else:
+                    assert "GPU_I_PROFILE" not in selector, (title, expr)
     power = f"(DCGM_FI_DEV_POWER_USAGE{{{GPU_FILTER}}} or DCGM_FI_DEV_BOARD_POWER_WATTS{{{GPU_FILTER}}})"
     assert by_title["Power per GPU"] == [f"max by (Hostname, gpu) ({HOSTNAME % power})"]
     used, free = (
@@ -159,19 +194,30 @@ def test_queries_filter_on_the_variables(committed: dict[str, Any]) -> None:
 def test_queries_read_every_generation_as_2022s(committed: dict[str, Any]) -> None:
     """Each field under its old name or its 4.9.0 name, in the old unit, with the same
     filters; the result labelled `Hostname` from either label, profiles without `MIG `."""
-    for expr in dashboard.queries(committed):
-        olds = re.findall(r"(DCGM_FI_\w+)\{([^}]*)\} or ", expr)
-        assert olds and len(olds) == len(re.findall(r"DCGM_FI_\w+\{", expr)) / 2, expr
+    renamed_to = {new.split("{")[0] for new in RENAMED.values()}
+    for expr in dashboard.queries(committed, opt_in=True):
+        selectors = re.findall(r"(DCGM_FI_\w+)\{([^}]*)\}", expr)
+        names = [name for name, _ in selectors]
+        assert all(n in RENAMED or n in renamed_to or n in SAME_NAME for n in names), expr
+        assert sum(n in RENAMED for n in names) == sum(n in renamed_to for n in names), expr
+        olds = [(name, m) for name, m in selectors if name in RENAMED]
         for old, matchers in olds:
-            assert f"{old}{{{matchers}}} or {RENAMED[old] % matchers})" in expr, expr
-        assert re.match(r"max by \(Hostname, gpu[,)].*label_replace\(", expr), expr
+            new = RENAMED[old] % matchers
+            # A gauge, or a counter's rate: either way the two names side by side.
+            assert (
+                f"{old}{{{matchers}}} or {new})" in expr
+                or f"{old}{{{matchers}}}[5m]) or rate({new}[5m]))" in expr
+            ), expr
+        assert re.match(
+            r"(count by \(Hostname\) \()?max by \(Hostname, gpu[,)].*label_replace\(", expr
+        ), expr
         assert expr.count('"Hostname", "$1", "hostname", "(.+)"') == 1, expr
         if "GPU_I_PROFILE" in expr.split(")")[0]:  # grouped by profile: the prefix taken off
             assert expr.count('"GPU_I_PROFILE", "$1", "GPU_I_PROFILE", "MIG (.+)"') == 1, expr
 
 
 def test_pod_table(committed: dict[str, Any]) -> None:
-    panel = committed["panels"][-1]
+    (panel,) = [p for p in committed["panels"] if p["title"] == "Which pod holds which instance"]
     assert panel["type"] == "table"
     assert panel["gridPos"]["w"] == 24
     (target,) = panel["targets"]
@@ -202,9 +248,32 @@ def test_layout_fits_the_grid_without_overlaps(committed: dict[str, Any]) -> Non
 
 
 def test_queries_returns_every_panel_expr_in_order(committed: dict[str, Any]) -> None:
-    exprs = dashboard.queries(committed)
-    assert exprs == [t["expr"] for p in committed["panels"] for t in p["targets"]]
-    assert len(exprs) == len(UNITS)
+    exprs = dashboard.queries(committed, opt_in=True)
+    assert exprs == [t["expr"] for p in panels_of(committed) for t in p["targets"]]
+    assert len(exprs) == len(UNITS) + 6  # ECC, remapped rows, PCIe/NVLink, throttled: more lines
+    # By default, the queries a default exporter has data for: no opt-in field.
+    opt_in = {n for f in dashboard.OPT_IN for n in (f.old, f.new) if n}
+    assert dashboard.queries(committed) == [
+        e for e in exprs if not set(re.findall(r"DCGM_FI_\w+", e)) & opt_in
+    ]
+    assert len(dashboard.queries(committed)) == len(exprs) - 6
+
+
+def test_opt_in_fields_are_those_no_default_counters_file_has(committed: dict[str, Any]) -> None:
+    """What `queries` leaves out by default is exactly what no generation collects by default:
+    every other field the dashboard reads is in every generation's default file, by one of its
+    names."""
+    defaults = {g.name: g.counters_file.read_text() for g in GENERATIONS}
+    read = {
+        n for e in dashboard.queries(committed, opt_in=True) for n in re.findall(r"DCGM_FI_\w+", e)
+    }
+    opt_in = {n for f in dashboard.OPT_IN for n in (f.old, f.new) if n}
+    for name in read & opt_in:
+        assert not any(re.search(rf"^{name},", text, re.M) for text in defaults.values()), name
+    for field in (dashboard.XID, dashboard.GPU_TEMP, dashboard.REMAP_FAILURE, dashboard.PCIE_REPLAY,
+                  dashboard.REMAPPED_CORRECTABLE, dashboard.REMAPPED_UNCORRECTABLE):  # fmt: skip
+        for generation, text in defaults.items():
+            assert re.search(rf"^({field.old}|{field.new}),", text, re.M), (field, generation)
 
 
 def test_queries_skips_targets_without_expr() -> None:
