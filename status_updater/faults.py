@@ -427,8 +427,9 @@ def apply(
         counted = dict(old.counted) if old is not None else {}
         # Whatever changed (a fault cleared, shortened, re-dated), no counter may go down:
         # what the old faults counted by now and the new ones do not is kept in `counted`.
+        kept = _total(made, now)
         for name, value in _total(old_faults, now).items():
-            if (short := value - _total(made, now).get(name, 0)) > 0:
+            if (short := value - kept.get(name, 0)) > 0:
                 # At most what a topology document holds (model.MAX_COUNT: 104 days throttled,
                 # in ns), so that the exporter, and the updater after a restart, read it back.
                 counted[name] = min(counted.get(name, 0) + short, MAX_COUNT)

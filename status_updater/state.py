@@ -101,6 +101,7 @@ class ClusterState:
         self._node_hits: dict[str, list[faults.Entry]] = {}  # node -> every policy's hits
         self.hits_changed: set[str] = set()  # policies whose hits the last settles changed
         self._changes: list[tuple[int, str]] = []  # (when a node's faults begin or end, node)
+        self._next_change: dict[str, int] = {}  # each node's in _changes: one entry a node
         self.dra_options: dict[str, Any] = {}  # render --resource-slices: node_slices' options
 
     # --- objects in ----------------------------------------------------------------------------
@@ -186,17 +187,24 @@ class ClusterState:
         self.now = now
         found: set[str] = set()
         while self._changes and self._changes[0][0] <= now:
-            found.add(heapq.heappop(self._changes)[1])
+            at, name = heapq.heappop(self._changes)
+            if self._next_change.get(name) == at:  # not one a later change replaced
+                del self._next_change[name]
+                found.add(name)
         for name in found:
             self._watch_changes(name)
         return found
 
     def _watch_changes(self, name: str) -> None:
+        """Wake for the node's next fault boundary (one entry a node: a busy node's settles
+        never pile them up)."""
         result = self.results.get(name)
-        if isinstance(result, NodeTopology):
-            at = faults.next_change(result, self.now)
-            if at is not None:
-                heapq.heappush(self._changes, (at, name))
+        at = faults.next_change(result, self.now) if isinstance(result, NodeTopology) else None
+        if at is None:
+            self._next_change.pop(name, None)
+        elif self._next_change.get(name) != at:
+            self._next_change[name] = at
+            heapq.heappush(self._changes, (at, name))
 
     def taints(self, name: str) -> tuple[tuple[Taint, ...], ...]:
         """Each GPU's device taints (as the DRA driver's health check sets them) at `now`."""
