@@ -128,7 +128,7 @@ def exporter(work: Path, args: argparse.Namespace, nodes: Path, pods: Path) -> N
 def _until_xid(url: str, at: float) -> float:
     while True:
         status, body = fetch(url)
-        if status == 200 and b'DCGM_FI_DEV_XID_ERRORS{' in body and b"} 48" in body:
+        if status == 200 and b"DCGM_FI_DEV_XID_ERRORS{" in body and b"} 48" in body:
             return time.time() - at
         if time.time() - at > 60:
             raise SystemExit(f"{url}: no Xid 48 a minute after the faults' start")

@@ -852,11 +852,15 @@ def test_single_layout_rbac_is_pinned_to_the_topology_configmap() -> None:
 def test_status_updater_rbac(rendered: list[dict[str, Any]]) -> None:
     cluster, namespaced = bound_rules(rendered, UPDATER)
 
-    # Cluster-wide: read-only, and only nodes and pods.
+    # Cluster-wide: nodes and pods read, and nodes patched (its --fault-node-labels, the
+    # unhealthy-GPU label: docs/faults.md); nothing else written.
     for rule in cluster:
-        assert set(rule["verbs"]) <= READ_VERBS, rule
+        assert set(rule["verbs"]) <= READ_VERBS | {"patch"}, rule
+        assert "patch" not in rule["verbs"] or rule["resources"] == ["nodes"], rule
         assert "*" not in rule["resources"] and "*" not in rule["apiGroups"], rule
     assert {r for rule in cluster for r in rule["resources"]} == {"nodes", "pods"}
+    assert allowed(cluster, "patch", "nodes")
+    assert not allowed(cluster, "patch", "pods") and not allowed(cluster, "update", "nodes")
     for resource in ("nodes", "pods"):
         for verb in READ_VERBS:
             assert allowed(cluster, verb, resource), (verb, resource)
