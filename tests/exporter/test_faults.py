@@ -556,7 +556,7 @@ _value = st.integers(0, 10**6)
 
 
 @settings(max_examples=examples(60), deadline=None)
-@given(values=st.lists(_value, min_size=30, max_size=30, unique=True),
+@given(values=st.lists(_value, min_size=31, max_size=31, unique=True),
        activity=st.floats(0, 1, allow_nan=False))  # fmt: skip
 def test_the_hot_constructor_is_the_keyword_built_reading(
     values: list[int], activity: float
@@ -572,6 +572,7 @@ def test_the_hot_constructor_is_the_keyword_built_reading(
         "remap_failure": values[21], "xid": values[22], "ecc_sbe": values[23],
         "ecc_dbe": values[24], "nvlink_crc_flit": values[25], "nvlink_crc_data": values[26],
         "power_violation": values[27], "thermal_violation": values[28], "zero": values[29],
+        "xid_window": ((values[30], 1),),
     }  # fmt: skip
     assert set(health) == set(HEALTH_FIELDS)
     sm, mem, temp, mem_temp, power, limit, energy, util, copy, tx, rx = level
