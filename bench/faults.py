@@ -13,7 +13,9 @@ The cluster is bench/scale.py's (A100-40GB dynamic-MIG nodes, every instance hel
    faults (`status_updater render --fault-policies --now`), side by side in one run: start-up,
    RSS and CPU per 10-s step while nobody scrapes, over --hold seconds of which the faults begin
    in the middle; and from the faults' start, the seconds until a hit node's page shows its Xid
-   (within one collection step: at most 10 s, plus the poll's 0.1 s).
+   (within one collection step: at most 10 s, plus the poll's 0.1 s). The faults begin --lead
+   seconds after the render and the exporter's start-up (the last render's time stands for this
+   one's).
 
 Benchmarks are not timed tests: tests/live/test_bench.py runs this at a tiny size and checks only
 that every figure is printed.
@@ -93,19 +95,24 @@ def hit_node(topology: Path) -> str:
 def exporter(work: Path, args: argparse.Namespace, nodes: Path, pods: Path) -> None:
     """Ours on the healthy cluster and on the one with faults, side by side."""
     figures: dict[str, dict[str, list[float]]] = {"healthy": {}, "faults": {}}
+    took = 0.0  # the last render's seconds: the faults begin after the next render and start-up
     for _ in range(args.runs):
         for name in ("healthy", "faults"):
-            at = time.time() + args.lead
+            at = time.time() + took + args.lead
             extra: list[str] = []
             if name == "faults":
                 (work / "policy.json").write_text(json.dumps(policy(args.fraction, at)))
                 extra = ["--fault-policies", str(work / "policy.json")]
+            started = time.monotonic()
             topology = render(work, name, nodes, pods, extra)
+            took = time.monotonic() - started
             put = figures[name].setdefault
             with exporters(ROOT, topology, work, name, [[]]) as (proc,):
                 put("start", []).append(proc.wait_ready(600))
                 put("rss", []).append(proc.rss())
                 if name == "faults":
+                    if time.time() >= at:
+                        raise SystemExit("the faults began before the exporter served: --lead")
                     target = hit_node(topology)
                     while time.time() < at:
                         time.sleep(0.05)
@@ -142,8 +149,8 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--fraction", type=float, default=0.02)
     p.add_argument("--hold", type=float, default=35.0, help="seconds of steps measured")
-    p.add_argument("--lead", type=float, default=60.0,
-                   help="seconds from rendering to the faults' start (past the start-up)")  # fmt: skip
+    p.add_argument("--lead", type=float, default=30.0,
+                   help="seconds from the exporter's start to the faults' (past its start-up)")  # fmt: skip
     args = p.parse_args()
     print(f"machine: {machine()}, load {load()}")
     node_objs, pod_objs = cluster(args.nodes, args.gpus)
