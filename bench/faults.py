@@ -148,7 +148,9 @@ def main() -> None:
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--fraction", type=float, default=0.02)
-    p.add_argument("--hold", type=float, default=35.0, help="seconds of steps measured")
+    # Whole steps: a window of whole steps holds as many renders whatever its phase (the faults'
+    # run starts it just after a step's render began, the healthy one anywhere in a step).
+    p.add_argument("--hold", type=float, default=40.0, help="seconds of steps measured")
     p.add_argument("--lead", type=float, default=30.0,
                    help="seconds from the exporter's start to the faults' (past its start-up)")  # fmt: skip
     args = p.parse_args()
