@@ -474,20 +474,26 @@ class NodeSeries:
 
     The values are kept as plain tuples: the garbage collector stops following a plain tuple
     of numbers, never a named one, and 5,000 nodes hold 200,000 of them; following them all
-    took a second every other step."""
+    took a second every other step. A node whose GPUs have no faults keeps only each reading's
+    first values (readings.HOT): the rest is the same for every healthy GPU (HEALTHY), and held
+    per series it was 16 MiB of 5,000 nodes' 450."""
 
-    __slots__ = ("_faulty", "_lost", "_parts", "_plans", "_shape", "_values", "node", "options",
-                 "texts")  # fmt: skip
+    __slots__ = ("_faulty", "_healthy", "_lost", "_parts", "_plans", "_shape", "_values", "node",
+                 "options", "texts")  # fmt: skip
 
     def __init__(self, node: NodeTopology, options: Options, now: float) -> None:
         options = _for_node(node, options)
         self.node, self.options = node, options
         self._faulty = any(g.faults for g in node.gpus)  # a GPU may be lost or come back
+        self._healthy = not self._faulty and not any(g.counted for g in node.gpus)
         self._lost = lost_gpus(node, now) if self._faulty else frozenset()
         self._plans = _plans(node, options, self._lost)
         subjects, self._shape = _subjects(node, self._plans, options, now)
         self.texts = _label_texts(subjects, options)  # (kind, label text, err cut), in order
-        self._values = [tuple(r) for _, _, r in subjects]
+        if self._healthy:
+            self._values = [r[: readings.HOT] for _, _, r in subjects]
+        else:
+            self._values = [tuple(r) for _, _, r in subjects]
         self._parts: dict[str, bytes] | None = None
 
     def at(self, now: float) -> NodeSeries:
@@ -497,9 +503,13 @@ class NodeSeries:
         new = object.__new__(NodeSeries)
         new.node, new.options, new.texts = self.node, self.options, self.texts
         new._plans, new._shape, new._parts = self._plans, self._shape, None
-        new._faulty, new._lost = self._faulty, self._lost
+        new._faulty, new._healthy, new._lost = self._faulty, self._healthy, self._lost
         read = _read(self._plans, self.options, now)
-        new._values = [tuple(read[g][0] if k < 0 else read[g][1][k]) for g, k in self._shape]
+        if self._healthy:
+            hot = readings.HOT
+            new._values = [(read[g][0] if k < 0 else read[g][1][k])[:hot] for g, k in self._shape]
+        else:
+            new._values = [tuple(read[g][0] if k < 0 else read[g][1][k]) for g, k in self._shape]
         return new
 
     def parts(self) -> dict[str, bytes]:
@@ -511,7 +521,11 @@ class NodeSeries:
         return parts
 
     def _write(self) -> dict[str, bytes]:
-        values = [Reading._make(v) for v in self._values]
+        if self._healthy:
+            healthy = readings.HEALTHY
+            values = [Reading._make(v + healthy) for v in self._values]
+        else:
+            values = [Reading._make(v) for v in self._values]
         return _families(self.options, self.texts, values)
 
     def page(self) -> tuple[bytes, ...]:
