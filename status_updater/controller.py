@@ -138,6 +138,7 @@ class Controller:
         self.namespace = namespace
         # --fault-node-labels: the number of unhealthy GPUs in a label of each GPU node.
         self.node_labels = node_labels
+        self._label_said: str | None = None  # the last failure to label a Node, said once
         self._policy_said: dict[str, str] = {}  # each bad policy's problem, said once
         self._status_due: set[str] = set()  # policies whose status annotation is to be written
 
@@ -435,8 +436,15 @@ class Controller:
             try:
                 self.core.patch_node(name, body, _request_timeout=REQUEST_TIMEOUT)
             except Exception as e:
-                log.warning("node %s: label %s cannot be written: %s", name,
-                            faults.UNHEALTHY_LABEL, describe(e))  # fmt: skip
+                # The rest at the next resync: a refusal (no RBAC for it) or a slow API must not
+                # hold the writer node after node. Said once per kind of failure.
+                why = describe(e)
+                if why != self._label_said:
+                    log.warning("node %s: label %s cannot be written: %s", name,
+                                faults.UNHEALTHY_LABEL, why)  # fmt: skip
+                    self._label_said = why
+                return
+            self._label_said = None
 
     def drain(self) -> None:
         """Apply every queued event to the state."""

@@ -43,6 +43,7 @@ STATUS_ANNOTATION = "mig-exporter/fault-status"  # what the updater says a polic
 UNHEALTHY_LABEL = "mig-exporter/unhealthy-gpus"
 MAX_ENTRIES = 1024  # per node: more is no test anyone runs, and would bloat its document
 MAX_RATE = 1e9  # errors a minute
+CLEARED_AHEAD_S = 60  # how far ahead a cleared fault's counts are kept (`apply`)
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|m|s)")
 _UNITS = {"h": 3600, "m": 60, "s": 1}
 _FAULT_KEYS = ("fault", "xid", "count", "rate", "correctable")
@@ -305,7 +306,10 @@ def _node_selector(value: object, field: str) -> str:
     if isinstance(value, Mapping):  # {matchLabels: {...}}, as a LabelSelector's simple form
         if set(value) - {"matchLabels"} or not isinstance(value.get("matchLabels"), Mapping):
             raise Bad(field, "expected a selector string (kubectl -l) or {matchLabels: {...}}")
-        value = ",".join(f"{k}={v}" for k, v in value["matchLabels"].items())
+        labels = value["matchLabels"]
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+            raise Bad(f"{field}.matchLabels", "label values are strings: quote them ('true', '8')")
+        value = ",".join(f"{k}={v}" for k, v in labels.items())
     if not isinstance(value, str):
         raise Bad(field, f"expected a label selector such as type=kwok, got {kind_of(value)}")
     try:
@@ -426,16 +430,34 @@ def apply(
         made.sort(key=lambda f: (f.since, f.source, f.fault))
         counted = dict(old.counted) if old is not None else {}
         # Whatever changed (a fault cleared, shortened, re-dated), no counter may go down:
-        # what the old faults counted by now and the new ones do not is kept in `counted`.
-        kept = _total(made, now)
-        for name, value in _total(old_faults, now).items():
-            if (short := value - kept.get(name, 0)) > 0:
+        # what the old faults count and the new ones do not is kept in `counted`, worked out
+        # CLEARED_AHEAD_S ahead: an exporter may serve the old document a step or two longer
+        # (the watch's delay, a skewed clock), and must never have counted more by then.
+        for name, short in _shortfall(old_faults, made, now, now + CLEARED_AHEAD_S).items():
+            if short > 0:
                 # At most what a topology document holds (model.MAX_COUNT: 104 days throttled,
                 # in ns), so that the exporter, and the updater after a restart, read it back.
                 counted[name] = min(counted.get(name, 0) + short, MAX_COUNT)
         gpus.append(replace(gpu, faults=tuple(made),
                             counted=tuple(sorted((k, v) for k, v in counted.items() if v))))  # fmt: skip
     return replace(topo, gpus=tuple(gpus))
+
+
+def _shortfall(
+    old: Sequence[Fault], new: Sequence[Fault], start: float, end: float
+) -> dict[str, int]:
+    """The most the old faults count above the new ones at any time from `start` to `end`. The
+    difference is piecewise linear, bending only where a fault begins or ends: its most is at
+    one of those times or at either end."""
+    times = {start, end} | {
+        b for f in (*old, *new) for b in catalog.boundaries((f,)) if start < b < end
+    }
+    most: dict[str, int] = {}
+    for t in times:
+        kept = _total(new, t)
+        for name, value in _total(old, t).items():
+            most[name] = max(most.get(name, 0), value - kept.get(name, 0))
+    return most
 
 
 def _total(faults: Iterable[Fault], now: float) -> dict[str, int]:

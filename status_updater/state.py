@@ -164,6 +164,8 @@ class ClusterState:
                 some = {n: every[n] for n in rebuilt if n in every}
                 new = {n: e for n, e in old.items() if n not in rebuilt}
                 new.update(faults.hits(policy, some))
+            if name in self._policies_changed and policy is not None:
+                self.hits_changed.add(name)  # its status says so even where it hits nothing
             if new == old:
                 continue
             self.hits_changed.add(name)

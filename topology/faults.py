@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from topology.model import Fault
+from topology.model import MAX_COUNT, Fault
 
 ANNOTATION = "mig-exporter/gpu-faults"  # on a Node: a JSON or YAML list of fault entries
 
@@ -182,6 +182,9 @@ def state(faults: Iterable[Fault], counted: Iterable[tuple[str, int]], t: float)
         thermal |= k.throttle == "thermal"
         power |= k.throttle == "power"
         failed |= k.remap_failure
+    # At most what a topology document holds (model.MAX_COUNT: 104 days throttled, in ns), as
+    # `counted` is kept: a counter that reaches it stays there, never going back.
+    total = {name: min(value, MAX_COUNT) for name, value in total.items()}
     return State(xid, total, lost, thermal, power, failed)
 
 

@@ -625,7 +625,10 @@ def test_a_cleared_fault_keeps_its_counts_and_the_document_reads_back() -> None:
     state.settle()
     topo = result(state, "k80")
     assert topo.gpus[0].faults == ()
-    assert dict(topo.gpus[0].counted) == {"ecc-dbe": 3, "ecc-sbe": 73}
+    # Counted to a minute past the clear (faults.CLEARED_AHEAD_S): an exporter may still serve
+    # the old document a step or two, and must never have counted more. 1 + 6 a minute for 13.
+    assert faults.CLEARED_AHEAD_S == 60
+    assert dict(topo.gpus[0].counted) == {"ecc-dbe": 3, "ecc-sbe": 79}
     assert load_yaml(dump_yaml(Topology(nodes={"k80": topo}))).nodes["k80"] == topo
 
 
@@ -898,3 +901,50 @@ def test_slim_nodes_keep_the_annotation_and_what_a_policy_selects() -> None:
         catalog.ANNOTATION]}  # fmt: skip
     p = policy(gpus={"count": 1}, nodeSelector="rack=r7")
     assert len(hit_gpus(settled([node], [p]))) == 1
+
+
+def test_a_cleared_fault_never_counts_less_than_an_exporter_still_serving_it() -> None:
+    """The exporter may read the new document a step or two late, or on a clock ahead: what it
+    served from the old one by then is never above what it serves from the new."""
+    entries = [{"gpu": 0, "fault": "pcie-replay", "since": time_text(T0)},
+               {"gpu": 0, "fault": "thermal", "since": time_text(T0)}]  # fmt: skip
+    state = settled([gpu_node("k80", entries)], now=T0 + 1)
+    old = result(state, "k80")
+    state.now = T0 + 105.3
+    state.set_node(slim_node(gpu_node("k80", [])))
+    state.settle()
+    new = result(state, "k80")
+    for late in (110, 120, 160):
+        _assert_not_lower(_counters(old, T0 + late), _counters(new, T0 + late), f"T0+{late}")
+
+
+def test_a_policy_that_hits_nothing_says_so_in_its_status() -> None:
+    state = settled([gpu_node("k80", [])])
+    cm = {"metadata": {"name": "none", "creationTimestamp": time_text(T0)},
+          "data": {faults.POLICY_KEY: "nodeSelector: nomatch=1\ngpus: {count: 3}\n"
+                   "fault: {fault: lost}\n"}}  # fmt: skip
+    state.set_policy(faults.read_policy(cm, T0))
+    state.settle()
+    assert state.hits_changed == {"none"}
+    assert json.loads(faults.status(state.policies["none"], state.hits.get("none", {}))) == {
+        "gpus": 0, "nodes": 0, "hits": []}  # fmt: skip
+
+
+def test_match_labels_are_strings_as_the_api_has_them() -> None:
+    cm = {"metadata": {"name": "p"},
+          "data": {faults.POLICY_KEY: "nodeSelector: {matchLabels: {gpu: true}}\n"
+                   "gpus: {count: 1}\nfault: {fault: lost}\n"}}  # fmt: skip
+    with pytest.raises(TopologyError, match=r"nodeSelector.matchLabels: label values are strings"):
+        faults.read_policy(cm, T0)
+
+
+def test_a_count_that_reaches_the_bound_stays_there_active_or_cleared() -> None:
+    """A thermal fault begun years ago has throttled past 2**53 ns: served at the bound while it
+    lasts, and kept at it once cleared, never lower."""
+    entries = [{"gpu": 1, "fault": "thermal", "since": "2020-01-01T00:00:00Z"}]
+    state = settled([gpu_node("k80", entries)])
+    active = _counters(result(state, "k80"), T0)[1][catalog.THERMAL_NS]
+    state.set_node(slim_node(gpu_node("k80", [])))
+    state.settle()
+    cleared = _counters(result(state, "k80"), T0 + 10)[1][catalog.THERMAL_NS]
+    assert active == cleared == MAX_COUNT
