@@ -83,7 +83,13 @@ def used(pod: Obj) -> set[ClaimKey]:
     return {(namespace, ref["claim"]) for ref in pod.get(DRA_REFS) or ()}
 
 
-def holds(pod: Obj, claims: Mapping[ClaimKey, Claim]) -> list[dict[str, str]]:
+# A pod's DRA devices (`holds`): one entry a container and device, with its claim, pool, device.
+Holds = list[dict[str, str]]
+# Each pod's, by uid: what the state joins from the claims before placement (`reconcile_node`).
+PodHolds = Mapping[str, Holds]
+
+
+def holds(pod: Obj, claims: Mapping[ClaimKey, Claim]) -> Holds:
     """A slim pod's DRA devices of the NVIDIA driver: one entry per container and device, for the
     claims reserved for the pod (a claim not reserved for it is not the pod's yet)."""
     namespace, pod_name = names(pod)

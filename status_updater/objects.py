@@ -207,7 +207,6 @@ def advertised_migs(node: Obj) -> dict[str, str]:
 
 
 DRA_REFS = "dra-refs"  # in a slim pod: the DRA claims its containers use (claim_refs)
-DRA_KEY = "dra"  # what the state adds for placement: their devices (claims.holds)
 
 
 COPIED_LABELS = "copiedLabels"  # in a slim pod's metadata: the labels the topology carries

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from status_updater.claims import PodHolds
 from status_updater.devices import build_node
 from status_updater.dra import DYNAMIC
 from status_updater.objects import Obj, is_single_strategy, node_name
@@ -29,12 +30,14 @@ def reconcile_node(
     previous: NodeTopology | None = None,
     *,
     built: Built | None = None,
+    holds: PodHolds | None = None,
 ) -> tuple[NodeTopology, list[TopologyError]]:
     """The node's topology with its pods placed, and the problems found on the way.
 
     Raises TopologyError if the node itself is unusable. `previous` is the node's last result:
     its pods keep what they held there. `built` is `build_node`'s answer for this Node, where
-    the caller kept it (ClusterState builds a node again only when its Node changes).
+    the caller kept it (ClusterState builds a node again only when its Node changes). `holds`:
+    the devices the pods' DRA claims hold, by pod uid, as the caller joined them from the claims.
     """
     warnings: list[TopologyError] = []
     if built is None:
@@ -44,7 +47,9 @@ def reconcile_node(
         warnings += found
     single = is_single_strategy(node)
     dynamic = bool(node.get(DYNAMIC))
-    result = place_pods(node_name(node), devices, pods, warnings, single, previous, dynamic)
+    result = place_pods(
+        node_name(node), devices, pods, warnings, single, previous, dynamic, holds or {}
+    )
     return result, warnings
 
 

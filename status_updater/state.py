@@ -27,7 +27,6 @@ from status_updater import faults
 from status_updater.devices import build_node
 from status_updater.ids import claim_ignored, device_ids, id_set, without_id
 from status_updater.objects import (
-    DRA_KEY,
     DRA_REFS,
     Obj,
     is_gpu_node,
@@ -39,6 +38,7 @@ from status_updater.objects import (
     node_uid,
     pod_key,
     pod_node,
+    pod_uid,
     slim_node,
     slim_pod,
     static_layout,
@@ -382,10 +382,10 @@ class ClusterState:
             result = Unreadable(built)
             warnings.append(built)
         else:
-            pods = [self._with_holds(p) for p in self.pods.get(name, {}).values()]
+            pods = list(self.pods.get(name, {}).values())
             previous = self._placed.get(name)
             result, warnings = reconcile_node(
-                self.nodes[name], pods, previous=previous, built=built
+                self.nodes[name], pods, previous=previous, built=built, holds=self._holds(pods)
             )
             entries = faults.node_entries(self.nodes[name], result.gpus, warnings)
             entries += self._node_hits.get(name, ())
@@ -416,12 +416,14 @@ class ClusterState:
             self._set_claimants(uid, claimants | {name})
         return affected
 
-    def _with_holds(self, pod: Obj) -> Obj:
-        """The pod, with the devices its DRA claims hold (for the `dra` placement policy)."""
-        if DRA_REFS not in pod:
-            return pod
-        found = dra_claims.holds(pod, self.claims)
-        return {**pod, DRA_KEY: found} if found else pod
+    def _holds(self, pods: Iterable[Obj]) -> dra_claims.PodHolds:
+        """The devices the pods' DRA claims hold, by pod uid (for the `dra` placement policy):
+        joined here, before placement, from the claims the state keeps."""
+        found = {}
+        for pod in pods:
+            if DRA_REFS in pod and (held := dra_claims.holds(pod, self.claims)):
+                found[pod_uid(pod)] = held
+        return found
 
     def _claimants(self, uid: str) -> set[str]:
         found = self._claims.get(uid)

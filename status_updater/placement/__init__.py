@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from status_updater.claims import PodHolds
 from status_updater.objects import (
     Obj,
     holds_gpu,
@@ -47,11 +48,13 @@ def place_pods(
     single: bool = False,
     previous: NodeTopology | None = None,
     dynamic: bool = False,
+    holds: PodHolds | None = None,
 ) -> NodeTopology:
     """The node with the devices its pods hold, and their simulated usage. `single`: the node
     is labelled with GFD's single strategy; `previous`: the node's last result, whose pods keep
     what they held there for as long as they live (older pods ending never moves them);
-    `dynamic`: the node's DRA driver runs DynamicMIG (a claim's partition makes its instance).
+    `dynamic`: the node's DRA driver runs DynamicMIG (a claim's partition makes its instance);
+    `holds`: the devices the pods' DRA claims hold, by pod uid.
 
     A pod that cannot be placed is reported and skipped; the others are placed regardless.
     """
@@ -59,7 +62,8 @@ def place_pods(
     live = {pod_uid(p) for p in holding}
     kept = {uid: held for uid, held in held_devices(node, previous).items() if uid in live}
     replicas = {uid: held for uid, held in held_replicas(node, previous).items() if uid in live}
-    board = Board(name, node, single, kept, replicas, named_holders(node, previous), dynamic)
+    board = Board(name, node, single, kept, replicas, named_holders(node, previous), dynamic,
+                  holds)  # fmt: skip
     # DRA pods place first: a device the scheduler allocated to a claim is the claim's, whoever
     # held it (one device, one holder). Then pods that held devices, then new pods, oldest first,
     # in what is left.

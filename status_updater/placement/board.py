@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+from status_updater.claims import PodHolds
 from status_updater.objects import Obj
 from status_updater.placement.kept import Kept, KeptReplicas
 from status_updater.usage import pod_usage
@@ -41,8 +42,10 @@ class Board:
         kept_replicas: KeptReplicas | None = None,
         named: Mapping[Device, AllocatedBy] | None = None,
         dynamic: bool = False,
+        holds: PodHolds | None = None,
     ) -> None:
         self.name = name
+        self.holds: PodHolds = holds or {}  # the pods' DRA devices, by pod uid (placement/dra)
         self.dynamic = dynamic  # DRA's DynamicMIG: a claim's partition makes its instance
         self.node = node
         # The single strategy's `nvidia.com/gpu` is a MIG instance where the GPUs have them.

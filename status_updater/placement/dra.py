@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from status_updater.devices import mig_uuid
-from status_updater.objects import DRA_KEY, DRA_REFS, Obj, pod_ref, pod_uid
+from status_updater.objects import DRA_REFS, Obj, pod_ref, pod_uid
 from status_updater.objects import holder as objects_holder
 from status_updater.placement.board import Board, Policy
 from status_updater.usage import pod_usage
@@ -31,8 +31,8 @@ from topology.model import DeviceStatus, DraClaim, MigDevice
 
 
 def _holds(board: Board, pod: Obj) -> list[dict[str, str]]:
-    found = pod.get(DRA_KEY)
-    return [h for h in found if h.get("pool") == board.name] if isinstance(found, list) else []
+    """What the pod's claims hold on this node's pool."""
+    return [h for h in board.holds.get(pod_uid(pod), ()) if h.get("pool") == board.name]
 
 
 def applies(board: Board, pod: Obj) -> bool:

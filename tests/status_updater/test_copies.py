@@ -23,7 +23,6 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import pytest
 
 from status_updater.ids import without_id
-from status_updater.objects import DRA_KEY
 from status_updater.placement.board import Board
 from status_updater.reconcile import reconcile_node
 from topology import dra, model
@@ -121,12 +120,8 @@ PLACED = frozenset({
 })  # fmt: skip
 
 
-def pod(
-    name: str,
-    limits: Mapping[str, str] | None = None,
-    holds: list[dict[str, str]] | None = None,
-) -> dict[str, Any]:
-    """A running pod of node n: its first container's `limits`, its DRA claims' `holds`."""
+def pod(name: str, limits: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A running pod of node n: its first container's `limits`."""
     container: dict[str, Any] = {"name": "main"}
     if limits:
         container["resources"] = {"limits": dict(limits)}
@@ -135,14 +130,17 @@ def pod(
         "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
         "spec": {"nodeName": NODE, "containers": [container]},
         "status": {"phase": "Running"},
-        **({DRA_KEY: holds} if holds else {}),
     }
 
 
 def placed(
-    node: NodeTopology, pods: list[dict[str, Any]]
+    node: NodeTopology,
+    pods: list[dict[str, Any]],
+    holds: Mapping[str, list[dict[str, str]]] | None = None,
 ) -> tuple[NodeTopology, list[TopologyError]]:
-    return reconcile_node({"kind": "Node", "metadata": {"name": NODE}}, pods, built=(node, []))
+    """Placed as the state places them, `holds` the pods' DRA devices by uid."""
+    node_obj = {"kind": "Node", "metadata": {"name": NODE}}
+    return reconcile_node(node_obj, pods, built=(node, []), holds=holds)
 
 
 def holders(node: NodeTopology) -> set[str]:
@@ -207,9 +205,9 @@ def test_static_mig_and_dra_placement_keep_every_field() -> None:
     pods = [
         pod("whole", {"nvidia.com/gpu": "1"}),
         pod("mig", {"nvidia.com/mig-1g.5gb": "1"}),
-        pod("claimant", holds=holds),
+        pod("claimant"),
     ]
-    after, warnings = placed(node, pods)
+    after, warnings = placed(node, pods, {"uid-claimant": holds})
     assert warnings == []
     assert holders(after) >= {"uid-whole", "uid-mig", "uid-claimant"}
     assert not differences(node, after, PLACED)
