@@ -160,32 +160,47 @@ class State:
         )
 
 
-def state(faults: Iterable[Fault], counted: Iterable[tuple[str, int]], t: float) -> State:
-    """The GPU at `t`."""
-    total = dict.fromkeys(COUNTERS, 0)
-    for name, value in counted:
-        total[name] = total.get(name, 0) + value
-    xid, latest = 0, float("-inf")
-    lost = thermal = power = failed = False
-    for f in faults:
-        for name, value in counts(f, t).items():
-            total[name] += value
-        if not active(f, t):
-            continue
-        k = CATALOG.get(f.fault)
-        if k is None:
-            continue
+def _active(faults: Iterable[Fault], t: float) -> list[tuple[Fault, Kind]]:
+    """The faults of the catalog active at `t`, each with its kind."""
+    return [(f, CATALOG[f.fault]) for f in faults if f.fault in CATALOG and active(f, t)]
+
+
+def _latest_xid(now: list[tuple[Fault, Kind]]) -> int | None:
+    """The Xid of the latest begun of these faults that raises one (the last of a tie)."""
+    xid, latest = None, float("-inf")
+    for f, _ in now:
         raised = xid_of(f)
         if raised is not None and f.since >= latest:
             xid, latest = raised, f.since
-        lost |= k.lost or raised in LOST_XIDS
-        thermal |= k.throttle == "thermal"
-        power |= k.throttle == "power"
-        failed |= k.remap_failure
+    return xid
+
+
+def _loses(f: Fault, k: Kind) -> bool:
+    """Whether the fault takes its GPU off the bus (lost, or Xid 79)."""
+    return k.lost or xid_of(f) in LOST_XIDS
+
+
+def state(faults: Iterable[Fault], counted: Iterable[tuple[str, int]], t: float) -> State:
+    """The GPU at `t`."""
+    faults = tuple(faults)
+    total = dict.fromkeys(COUNTERS, 0)
+    for name, value in counted:
+        total[name] = total.get(name, 0) + value
+    for f in faults:
+        for name, value in counts(f, t).items():
+            total[name] += value
     # At most what a topology document holds (model.MAX_COUNT: 104 days throttled, in ns), as
     # `counted` is kept: a counter that reaches it stays there, never going back.
     total = {name: min(value, MAX_COUNT) for name, value in total.items()}
-    return State(xid, total, lost, thermal, power, failed)
+    now = _active(faults, t)
+    return State(
+        xid=_latest_xid(now) or 0,
+        counters=total,
+        lost=any(_loses(f, k) for f, k in now),
+        thermal=any(k.throttle == "thermal" for _, k in now),
+        power=any(k.throttle == "power" for _, k in now),
+        remap_failure=any(k.remap_failure for _, k in now),
+    )
 
 
 def xid_events(faults: Iterable[Fault], t: float, window_s: float) -> tuple[tuple[int, int], ...]:
@@ -201,11 +216,7 @@ def xid_events(faults: Iterable[Fault], t: float, window_s: float) -> tuple[tupl
 
 def lost(faults: Iterable[Fault], t: float) -> bool:
     """Whether the GPU is lost at `t` (its series are gone)."""
-    return any(
-        active(f, t) and (CATALOG[f.fault].lost or xid_of(f) in LOST_XIDS)
-        for f in faults
-        if f.fault in CATALOG
-    )
+    return any(_loses(f, k) for f, k in _active(faults, t))
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -230,14 +241,9 @@ def taints(faults: Iterable[Fault], t: float) -> tuple[Taint, ...]:
     """The taints the driver's health check puts on a GPU's devices at `t`: the latest Xid (one
     taint a key: a newer Xid overwrites the value), and `unmonitored` where its health is not
     watched. A lost GPU taints every device of the node (`node_taints`)."""
-    xid, latest, unwatched = None, float("-inf"), False
-    for f in faults:
-        if not active(f, t) or f.fault not in CATALOG:
-            continue
-        raised = xid_of(f)
-        if raised is not None and f.since >= latest:
-            xid, latest = raised, f.since
-        unwatched |= CATALOG[f.fault].unmonitored
+    now = _active(faults, t)
+    xid = _latest_xid(now)
+    unwatched = any(k.unmonitored for _, k in now)
     found = []
     if xid is not None:
         found.append(Taint(TAINT_XID, str(xid), NONE if xid in NON_FATAL_XIDS else NO_SCHEDULE))
