@@ -147,11 +147,7 @@ class ClusterState:
         `count` policy's over all nodes: a node that comes or goes changes its ranking)."""
         if not (self._policies_changed or (rebuilt and self.policies)):
             return
-        every = {
-            name: (node_labels(self.nodes[name]), len(built[0].gpus))
-            for name, built in self._built.items()
-            if isinstance(built, tuple) and name in self.nodes
-        }
+        every: faults.Nodes | None = None  # every GPU node's, made only where a policy needs it
         touched: set[str] = set()
         for name in sorted(self._policies_changed | set(self.policies)):
             policy = self.policies.get(name)
@@ -159,11 +155,11 @@ class ClusterState:
             if policy is None:
                 new: dict[str, list[faults.Entry]] = {}
             elif name in self._policies_changed or policy.count is not None:
+                every = self._gpu_nodes(self.nodes) if every is None else every
                 new = faults.hits(policy, every)
             else:  # a fraction: each node's GPUs are drawn on their own
-                some = {n: every[n] for n in rebuilt if n in every}
                 new = {n: e for n, e in old.items() if n not in rebuilt}
-                new.update(faults.hits(policy, some))
+                new.update(faults.hits(policy, self._gpu_nodes(rebuilt)))
             if name in self._policies_changed and policy is not None:
                 self.hits_changed.add(name)  # its status says so even where it hits nothing
             if new == old:
@@ -182,6 +178,14 @@ class ClusterState:
             else:
                 self._node_hits.pop(node, None)
         self._stale |= touched
+
+    def _gpu_nodes(self, names: Iterable[str]) -> faults.Nodes:
+        """What a policy picks these GPU nodes by: their labels and GPU count."""
+        return {
+            name: (node_labels(self.nodes[name]), len(built[0].gpus))
+            for name in names
+            if isinstance(built := self._built.get(name), tuple) and name in self.nodes
+        }
 
     def due(self, now: float) -> set[str]:
         """The nodes a fault of which began or ended by `now` (their taints change), now
