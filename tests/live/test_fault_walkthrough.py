@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,9 +30,8 @@ from tests.live.test_dra import (
 )
 from tests.live.test_live import NS as UPDATER_NS
 from tests.live.test_live import running
-from tests.live.test_prometheus import prometheus_binary, query_at
-from tests.live.test_prometheus import start as start_process
-from tests.pipeline.test_cli import free_port, get
+from tests.live.test_prometheus import query_at, start_prometheus
+from tests.pipeline.test_cli import get
 from tests.support.allocator import Allocator
 from tests.support.base import ROOT, SAMPLES
 from tests.support.kubeapi import KubeAPI, eventually
@@ -47,19 +45,9 @@ RULE = ROOT / "deploy" / "base" / "prometheus-rule.yaml"
 @contextmanager
 def prometheus(exporter: str, work: Path) -> Iterator[str]:
     """Prometheus scraping the exporter's /metrics every second with the shipped rules."""
-    (work / "rules.yaml").write_text(yaml.safe_dump(yaml.safe_load(RULE.read_text())["spec"]))
-    target = exporter.removeprefix("http://")
-    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-              "rule_files": [str(work / "rules.yaml")],
-              "scrape_configs": [{"job_name": "nvidia-dcgm-exporter", "honor_labels": True,
-                                  "static_configs": [{"targets": [target]}]}]}  # fmt: skip
-    (work / "prometheus.yml").write_text(yaml.safe_dump(config))
-    web = free_port()
-    proc: subprocess.Popen[bytes] = start_process(
-        [prometheus_binary(), f"--config.file={work / 'prometheus.yml'}",
-         f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{web}"],
-        work / "prometheus.log")  # fmt: skip
-    url = f"http://127.0.0.1:{web}"
+    rules = yaml.safe_load(RULE.read_text())["spec"]
+    targets = [{"targets": [exporter.removeprefix("http://")]}]
+    proc, url = start_prometheus(work, rules, targets, honor_labels=True)
     try:
         eventually(lambda: query_at(url, "up == 1", time.time()), timeout=30)
         yield url

@@ -128,6 +128,26 @@ def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=out)
 
 
+def start_prometheus(
+    work: Path, rules: object, targets: list[dict[str, Any]], honor_labels: bool = False
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Prometheus scraping `targets` (static_configs) every second as job nvidia-dcgm-exporter,
+    evaluating the rule groups `rules` every second: its process and URL (not yet answering)."""
+    (work / "rules.yaml").write_text(yaml.safe_dump(rules))
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(work / "rules.yaml")],
+        "scrape_configs": [{"job_name": "nvidia-dcgm-exporter", "honor_labels": honor_labels,
+                            "static_configs": targets}],
+    }  # fmt: skip
+    (work / "prometheus.yml").write_text(yaml.safe_dump(config))
+    web = free_port()
+    proc = start([prometheus_binary(), f"--config.file={work / 'prometheus.yml'}",
+                  f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{web}"],
+                 work / "prometheus.log")  # fmt: skip
+    return proc, f"http://127.0.0.1:{web}"
+
+
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Two exporters and one Prometheus scraping them every second, shared by this module's tests."""

@@ -35,7 +35,13 @@ import yaml
 from exporter.generations import G490, GENERATIONS, Generation
 from grafana.dashboard import OUTPUT as DASHBOARD
 from grafana.dashboard import queries
-from tests.live.test_prometheus import prometheus_binary, query_at, start, substitute
+from tests.live.test_prometheus import (
+    prometheus_binary,
+    query_at,
+    start,
+    start_prometheus,
+    substitute,
+)
 from tests.pipeline.test_cli import free_port, get
 from tests.support.base import ROOT
 from tests.support.kubeapi import eventually
@@ -118,7 +124,7 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp_path = tmp_path_factory.mktemp("faults")
-    binary = prometheus_binary()
+    prometheus_binary()  # none: fail before any exporter starts
     node = "gpu-node-1"
     now = time.time()
     topology = topology_file(node, now, tmp_path)
@@ -138,23 +144,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             eventually(
                 lambda port=port: get(f"http://127.0.0.1:{port}/health")[0] == 200, timeout=15
             )
-        (tmp_path / "rules.yaml").write_text(
-            yaml.safe_dump(yaml.safe_load(RULE.read_text())["spec"])
-        )
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(tmp_path / "rules.yaml")],
-            "scrape_configs": [
-                {"job_name": "nvidia-dcgm-exporter", "honor_labels": False,
-                 "static_configs": targets}
-            ],
-        }  # fmt: skip
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-        web = free_port()
-        procs.append(start([binary, f"--config.file={tmp_path / 'prometheus.yml'}",
-                            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                            f"--web.listen-address=127.0.0.1:{web}"], tmp_path / "prometheus.log"))  # fmt: skip
-        url = f"http://127.0.0.1:{web}"
+        rules = yaml.safe_load(RULE.read_text())["spec"]
+        proc, url = start_prometheus(tmp_path, rules, targets)
+        procs.append(proc)
         eventually(lambda: len(query_at(url, "up == 1", time.time())) == len(targets), timeout=30)
         yield Fleet(url, now)
     finally:

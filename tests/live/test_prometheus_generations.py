@@ -47,6 +47,7 @@ from tests.live.test_prometheus import (
     query_at,
     resolve_variables,
     start,
+    start_prometheus,
     static_topology,
     substitute,
     whole_gpu_topology,
@@ -103,7 +104,7 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp_path = tmp_path_factory.mktemp("generations")
-    binary = prometheus_binary()
+    prometheus_binary()  # none: fail before any exporter starts
     nodes = (("mig", MIG_NODE, near_full_mig_topology(tmp_path)),
              ("whole", WHOLE_NODE, whole_gpu_topology(tmp_path)),
              ("static", STATIC_NODE, static_topology(tmp_path)))  # fmt: skip
@@ -129,24 +130,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             eventually(
                 lambda port=port: get(f"http://127.0.0.1:{port}/health")[0] == 200, timeout=15
             )
-        (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_groups()))
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(tmp_path / "rules.yaml")],
-            "scrape_configs": [
-                {
-                    "job_name": "nvidia-dcgm-exporter",
-                    "honor_labels": False,
-                    "static_configs": targets,
-                }
-            ],
-        }
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-        web = free_port()
-        procs.append(start([binary, f"--config.file={tmp_path / 'prometheus.yml'}",
-                            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                            f"--web.listen-address=127.0.0.1:{web}"], tmp_path / "prometheus.log"))  # fmt: skip
-        url = f"http://127.0.0.1:{web}"
+        proc, url = start_prometheus(tmp_path, rule_groups(), targets)
+        procs.append(proc)
         eventually(lambda: len(instant(url, "up == 1")) == len(targets), timeout=30)
         yield Fleet(url, hosts)
     finally:
