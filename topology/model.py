@@ -75,6 +75,24 @@ class DraClaim:
     # Its MIG instance was made for the claim (the driver's DynamicMIG): the slices name no uuid,
     # and dcgm-exporter up to 4.8.4 cannot attribute it (its #714).
     made: bool = False
+    # Under the driver's ConsumableShares (allowMultipleAllocations), the allocation's `shareID`
+    # and the memory it consumed in MiB (`consumedCapacity.memory`): several claims hold one
+    # device, each its share. "" and None: the device is the claim's alone.
+    share_id: str = ""
+    consumed_memory: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fraction:
+    """A pod sharing a device another pod holds: a KAI fraction pod on the GPU its reservation
+    pod holds (status_updater/placement/kai.py). The reservation pod is the device's
+    `allocated-by`, as the kubelet, and so dcgm-exporter, sees it."""
+
+    holder: AllocatedBy  # the fraction pod's container, with the pod's uid
+    group: str  # its GPU group (KAI's runai-gpu-group), shared with the reservation pod
+    memory: int  # MiB it may use: its gpu-memory, its gpu-fraction of the device, or its limit
+    # NvFractions' compute mode (`time-slicing` or `sm-sharing`); "": none asked
+    compute_mode: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +103,7 @@ class DeviceStatus:
     pod_gpu_usage_status: Mapping[str, PodUsage] = field(default_factory=dict)
     replicas: tuple[Replica, ...] = ()  # a shared device's held replicas, by index
     dra_claims: tuple[DraClaim, ...] = ()  # DRA claims holding it, one per pod container
+    fractions: tuple[Fraction, ...] = ()  # the pods sharing it by KAI fractions, by pod
 
 
 SHARING_STRATEGIES = ("time-slicing", "mps")
@@ -281,6 +300,7 @@ def _dump_status(status: DeviceStatus, indent: str, out: list[str]) -> None:
         and not status.pod_gpu_usage_status
         and not status.replicas
         and not status.dra_claims
+        and not status.fractions
     ):
         out.append(f"{indent}status: {{}}")
         return
@@ -324,6 +344,20 @@ def _dump_status(status: DeviceStatus, indent: str, out: list[str]) -> None:
             _labels(out, h, f"{indent}    ")
             if c.made:
                 out.append(f"{indent}    made: true")
+            if c.share_id:
+                out.append(f"{indent}    share-id: {q(c.share_id)}")
+            if c.consumed_memory is not None:
+                out.append(f"{indent}    consumed-memory: {c.consumed_memory}")
+    if status.fractions:
+        out.append(f"{indent}  fractions:")
+        for f in status.fractions:
+            h = f.holder
+            out += [f"{indent}  - namespace: {q(h.namespace)}", f"{indent}    pod: {q(h.pod)}",
+                    f"{indent}    container: {q(h.container)}", f"{indent}    pod-uid: {q(h.uid)}",
+                    f"{indent}    gpu-group: {q(f.group)}", f"{indent}    memory: {f.memory}"]  # fmt: skip
+            if f.compute_mode:
+                out.append(f"{indent}    compute-mode: {q(f.compute_mode)}")
+            _labels(out, h, f"{indent}    ")
 
 
 def _labels(out: list[str], holder: AllocatedBy, indent: str) -> None:
@@ -461,10 +495,21 @@ def _status_from(r: _Reader) -> DeviceStatus:
             x.string("device"),
             x.string("pool"),
             x.boolean("made"),
+            x.string("share-id", empty=True) if x.has("share-id") else "",
+            x.integer("consumed-memory") if x.has("consumed-memory") else None,
         )
         for x in (r.items("dra-claims") if r.has("dra-claims") else [])
     )
-    return DeviceStatus(allocated_by, usage, replicas, claims)
+    fractions = tuple(
+        Fraction(
+            _holder(x),
+            x.string("gpu-group", empty=True),
+            x.integer("memory"),
+            x.string("compute-mode", empty=True) if x.has("compute-mode") else "",
+        )
+        for x in (r.items("fractions") if r.has("fractions") else [])
+    )
+    return DeviceStatus(allocated_by, usage, replicas, claims, fractions)
 
 
 def from_dict(data: object, obj: str = "topology") -> Topology:

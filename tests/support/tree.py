@@ -47,8 +47,18 @@ def _status_to_dict(status: DeviceStatus) -> dict[str, Any]:
              "pool": c.pool, "namespace": c.holder.namespace, "pod": c.holder.pod,
              "container": c.holder.container,
              **({"pod-uid": c.holder.uid} if c.holder.uid else {}), **_labels(c.holder),
-             **({"made": True} if c.made else {})}
+             **({"made": True} if c.made else {}),
+             **({"share-id": c.share_id} if c.share_id else {}),
+             **({"consumed-memory": c.consumed_memory} if c.consumed_memory is not None else {})}
             for c in status.dra_claims
+        ]  # fmt: skip
+    if status.fractions:
+        out["fractions"] = [
+            {"namespace": f.holder.namespace, "pod": f.holder.pod,
+             "container": f.holder.container, "pod-uid": f.holder.uid, "gpu-group": f.group,
+             "memory": f.memory, **({"compute-mode": f.compute_mode} if f.compute_mode else {}),
+             **_labels(f.holder)}
+            for f in status.fractions
         ]  # fmt: skip
     return out
 

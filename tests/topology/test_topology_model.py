@@ -17,6 +17,7 @@ from topology.model import (
     AllocatedBy,
     DeviceStatus,
     DraClaim,
+    Fraction,
     Fault,
     Gpu,
     MigDevice,
@@ -177,7 +178,10 @@ _status = st.builds(
     st.none() | _holder,
     st.dictionaries(_text, _usage, max_size=2),
     st.lists(st.builds(Replica, st.integers(0, 9), _holder, _text), max_size=2).map(tuple),
-    st.lists(st.builds(DraClaim, _holder, _name, _name, _name, _name), max_size=2).map(tuple),
+    st.lists(st.builds(DraClaim, _holder, _name, _name, _name, _name, st.booleans(), _text,
+                       st.none() | st.integers(0, 10**6)), max_size=2).map(tuple),
+    st.lists(st.builds(Fraction, _holder, _text, st.integers(0, 10**6),
+                       st.sampled_from(["", "time-slicing", "sm-sharing"])), max_size=2).map(tuple),
 )
 _mig = st.builds(
     MigDevice, _text, st.integers(0, 7), st.integers(0, 14), st.none() | _text, st.none() | _status
