@@ -17,9 +17,13 @@ _FORM = re.compile(
     r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
     r"(?:(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE]([+-]?[0-9]{1,2}))?"
 )
-_SCALE = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-          "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1, "k": 10**3,
-          "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}  # fmt: skip
+_SCALE: dict[str, Decimal] = {
+    **{s: Decimal(2) ** (10 * (i + 1)) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{
+        s: Decimal(10) ** (3 * i)
+        for i, s in enumerate(("n", "u", "m", "", "k", "M", "G", "T", "P", "E"), -3)
+    },
+}
 _MIB = 2**20
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from common.podlabels import Allowlist
 from kube.times import timestamp
 from status_updater import usage
-from topology import dra, faults, migparted, runai
+from topology import dra, faults, kai, migparted, runai
 from topology.catalog import MIG_SUFFIX
 from topology.errors import TopologyError
 from topology.model import MIG_STRATEGIES, AllocatedBy
@@ -233,6 +233,7 @@ def slim_pod(pod: Obj) -> dict[str, Any]:
     """What placement reads of a pod: of each container that can hold a device (`containers`),
     its name, its GPU limits and (an init container) whether it is a sidecar."""
     meta = metadata(pod)
+    labels = strings(meta.get("labels"))
     spec = strings(pod.get("spec"))
     status = pod.get("status")
     kept: dict[str, list[dict[str, Any]]] = {"containers": [], "initContainers": []}
@@ -252,8 +253,9 @@ def slim_pod(pod: Obj) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {
             **{k: meta.get(k) for k in ("name", "namespace", "uid", "creationTimestamp")},
-            "labels": _only(meta.get("labels"), POD_LABELS),
-            "annotations": _kept(meta.get("annotations"), POD_ANNOTATIONS),
+            "labels": _only(labels, (*POD_LABELS, *kai.kept_labels(labels))),
+            "annotations": _kept(meta.get("annotations"), POD_ANNOTATIONS)
+            | kai.kept_annotations(strings(meta.get("annotations"))),
         },
         "spec": slim_spec,
         "status": {"phase": status.get("phase") if isinstance(status, Mapping) else None},
@@ -369,11 +371,14 @@ def may_hold_gpu(pod: Obj) -> bool:
 
     Only these are kept: on a real cluster most pods never touch a GPU.
     """
-    annotations = strings(metadata(pod).get("annotations"))
+    meta = metadata(pod)
+    annotations = strings(meta.get("annotations"))
     # A request for no device (`0`) holds nothing; any other, odd ones included, is kept: an
-    # odd one to be said. A pod naming DRA claims may hold what they are allocated.
+    # odd one to be said. A pod naming DRA claims may hold what they are allocated, a KAI
+    # fraction pod a share of its GPU group's.
     return holds_gpu(pod) and (
         runai.ANNOTATION_POD_MIG_DEVICE in annotations
+        or kai.is_fraction(names(pod)[0], strings(meta.get("labels")), annotations)
         or any(device_count(value) != 0 for *_, value in gpu_limits(pod))
         or asks_for_devices(pod)
         or DRA_REFS in pod

@@ -25,7 +25,7 @@ from status_updater.objects import (
     requests,
     shown,
 )
-from status_updater.placement import dra, requested, runai, shared, whole
+from status_updater.placement import dra, kai, requested, runai, shared, whole
 from status_updater.placement.board import Board, Policy
 from status_updater.placement.kept import dra_holders, held_devices, held_replicas, named_holders
 from topology.errors import TopologyError
@@ -33,6 +33,7 @@ from topology.model import DraClaim, NodeTopology
 
 POLICIES: tuple[Policy, ...] = (
     dra.POLICY,  # devices DRA claims were allocated (the scheduler chose them)
+    kai.POLICY,  # KAI's reservation pods (their GPU, idle) and fraction pods (a share of it)
     shared.POLICY,  # a node whose devices are shared: replicas, whatever else it is
     requested.POLICY,  # static MIG and whole GPUs: the device plugin's requests
     runai.POLICY,  # run:ai dynamic MIG: the pod's annotation names its instance
@@ -66,9 +67,10 @@ def place_pods(
                   holds)  # fmt: skip
     # DRA pods place first: a device the scheduler allocated to a claim is the claim's, whoever
     # held it (one device, one holder). Then pods that held devices, then new pods, oldest first,
-    # in what is left.
+    # in what is left; KAI's fraction pods last, once every reservation pod holds its GPU.
     holders = kept.keys() | replicas.keys() | dra_holders(previous)
-    order = {pod_uid(p): (not dra.applies(board, p), pod_uid(p) not in holders, pod_order(p))
+    order = {pod_uid(p): (not dra.applies(board, p), kai.is_fraction(p),
+                          pod_uid(p) not in holders, pod_order(p))
              for p in holding}  # fmt: skip
     failed: list[Obj] = []
     said: dict[str, list[TopologyError]] = {}  # pod uid -> what placing it said

@@ -60,6 +60,10 @@ class Board:
         self.replicas: dict[Device, dict[int, Replica]] = {}
         self.kept_replicas: KeptReplicas = kept_replicas or {}
         self.named = named or {}  # shared devices -> the pod they named before
+        # KAI's GPU groups (placement/kai.py): the device each group's reservation pod holds,
+        # and the compute mode it says its group shares it in.
+        self.groups: dict[str, Device] = {}
+        self.group_modes: dict[str, str] = {}
         self.reserved_replicas = {
             (g, d, r): uid for uid, held in self.kept_replicas.items() for g, d, r, _ in held
         }

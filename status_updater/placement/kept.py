@@ -41,7 +41,11 @@ def held_devices(node: NodeTopology, previous: NodeTopology | None) -> Kept:
     kept: dict[str, list[tuple[int, int | None, str]]] = {}
     for g, d, status in _kept_statuses(node, previous):
         holder = status.allocated_by
+        # A KAI fraction pod holds no device of its own: it shares its reservation pod's.
+        sharing = {f.holder.uid for f in status.fractions}
         for uid in status.pod_gpu_usage_status:
+            if uid in sharing:
+                continue
             kept.setdefault(uid, []).append((g, d, holder.container if holder else ""))
     return {uid: tuple(held) for uid, held in kept.items()}
 
