@@ -52,6 +52,7 @@ from exporter.series import (
     InstanceSeries,
     Labels,
     Subject,
+    View,
     gpu_subjects,
     in_output_order,
 )
@@ -123,7 +124,8 @@ class Options:
         """How a device's series name the pods holding it."""
         g = self.generation
         return Attribution(
-            virtual_gpus=self.virtual_gpus, dra=self.dra, claim_status=self.dra_claim_status,
+            virtual_gpus=self.virtual_gpus, per_process=self.virtual_gpus and g.per_process,
+            dra=self.dra, claim_status=self.dra_claim_status,
             free_pod_labels=g.free_pod_labels, dra_uuid_always=g.dra_uuid_always,
             pod_uid=self.pod_uid, dra_pod_uid=self.pod_uid and g.dra_pod_uid,
             pod_labels=self.pod_labels, sorted_labels=g.sorted_output,
@@ -270,16 +272,22 @@ def entities(node: NodeTopology, options: Options, now: float) -> list[Subject]:
     return _subjects(node, _plans(node, options, lost_gpus(node, now)), options, now)[0]
 
 
+# Which reading a subject has: its GPU, its instance or -1 for the GPU's, and which of its values
+# (series.View; None: all of them).
+Shape = tuple[int, int, View | None]
+
+
 def _subjects(
     node: NodeTopology, plans: list[_GpuPlan], options: Options, now: float
-) -> tuple[list[Subject], list[tuple[int, int]]]:
-    """The subjects, and which reading each has: (its GPU, its instance or -1 for the GPU's)."""
+) -> tuple[list[Subject], list[Shape]]:
+    """The subjects, and which reading each has (`Shape`)."""
     # Static MIG: dcgm-exporter maps instances to pods through the kubelet's pod-resources API.
     # run:ai's dynamic MIG hides them from it, so its series leave the pod labels empty.
     name_holders = options.mig_pod_labels or not node.is_dynamic_mig_enabled
     attribution = options.attribution
     out: list[Subject] = []
-    shape: list[tuple[int, int]] = []
+    shape: list[Shape] = []
+    step = readings.step_of(now)
     for g, (plan, (reading, per_instance)) in enumerate(
         zip(plans, _read(plans, options, now), strict=True)
     ):
@@ -290,12 +298,15 @@ def _subjects(
             )
             for dev, profile, r in zip(plan.devices, plan.profiles, per_instance, strict=True)
         ]  # fmt: skip
-        subjects = gpu_subjects(
-            plan.labels, reading, plan.gpu.status, instances if plan.mig else None, attribution
-        )
+        views: list[View | None] = []
+        subjects = gpu_subjects(plan.labels, reading, plan.gpu.status,
+                                instances if plan.mig else None, attribution, views)  # fmt: skip
         which = {id(r): k for k, r in enumerate(per_instance)}
-        shape += [(g, which.get(id(r), -1)) for _, _, r in subjects]
-        out += subjects
+        shape += [
+            (g, which.get(id(r), -1), v) for (_, _, r), v in zip(subjects, views, strict=True)
+        ]
+        out += [(kind, labels, r if v is None else v.of(r, step))
+                for (kind, labels, r), v in zip(subjects, views, strict=True)]  # fmt: skip
     if options.generation.sorted_output:
         order = in_output_order(out)
         out, shape = [out[k] for k in order], [shape[k] for k in order]
@@ -485,10 +496,12 @@ class NodeSeries:
         options = _for_node(node, options)
         self.node, self.options = node, options
         self._faulty = any(g.faults for g in node.gpus)  # a GPU may be lost or come back
-        self._healthy = not self._faulty and not any(g.counted for g in node.gpus)
         self._lost = lost_gpus(node, now) if self._faulty else frozenset()
         self._plans = _plans(node, options, self._lost)
         subjects, self._shape = _subjects(node, self._plans, options, now)
+        # A copy of only some values (series.View) has None where a healthy GPU reads 0.
+        self._healthy = (not self._faulty and not any(g.counted for g in node.gpus)
+                         and all(v is None for _, _, v in self._shape))  # fmt: skip
         self.texts = _label_texts(subjects, options)  # (kind, label text, err cut), in order
         if self._healthy:
             self._values = [r[: readings.HOT] for _, _, r in subjects]
@@ -507,9 +520,13 @@ class NodeSeries:
         read = _read(self._plans, self.options, now)
         if self._healthy:
             hot = readings.HOT
-            new._values = [(read[g][0] if k < 0 else read[g][1][k])[:hot] for g, k in self._shape]
+            new._values = [(read[g][0] if k < 0 else read[g][1][k])[:hot]
+                           for g, k, _ in self._shape]  # fmt: skip
         else:
-            new._values = [tuple(read[g][0] if k < 0 else read[g][1][k]) for g, k in self._shape]
+            step = readings.step_of(now)
+            new._values = [tuple(r if v is None else v.of(r, step))
+                           for g, k, v in self._shape
+                           for r in (read[g][0] if k < 0 else read[g][1][k],)]  # fmt: skip
         return new
 
     def parts(self) -> dict[str, bytes]:

@@ -93,6 +93,9 @@ class Generation:
     dra_pod_uid: bool  # and on DRA-attributed series
     dra_uuid_always: bool  # dra_mig_device_uuid="" on a MIG device of unknown uuid (4.8.4: none)
     exporter_metrics: bool  # --enable-exporter-metrics
+    # With --kubernetes-virtual-gpus, each holder's own FB_USED and GPU_UTIL from its processes
+    # (from 4.5.3: its PR #594), beside the device's own.
+    per_process: bool = False
     go: str = ""  # the Go release it was built with (go_info), where known
     aliases: tuple[str, ...] = ()
 
@@ -143,6 +146,7 @@ G483 = replace(
     dra=True,
     pod_labels=True,
     pod_uid=True,
+    per_process=True,
 )
 G484 = replace(
     G483,

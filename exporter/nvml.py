@@ -23,7 +23,7 @@ Any other failure fails the whole collection: the exporter keeps the last one an
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
@@ -326,6 +326,9 @@ def entities(
     """
     whole = {g.id: g for g in node.gpus} if node else {}
     name_holders = node is not None and (options.mig_pod_labels or not node.is_dynamic_mig_enabled)
+    # Each pod's own FB_USED and GPU_UTIL need its processes, which this path does not read
+    # (dcgm-exporter maps their pids to pods through /proc): one copy per holder, the device's.
+    attribution = replace(options.attribution, per_process=False)
     out: list[Subject] = []
     for gpu in sample.gpus:
         labels = dcgm.gpu_labels(options, index=gpu.index, uuid=gpu.uuid, minor=gpu.minor,
@@ -344,9 +347,7 @@ def entities(
         ]  # fmt: skip
         status = known.status if known else None
         reading = _reading(gpu.values)
-        out += gpu_subjects(
-            labels, reading, status, instances if gpu.mig else None, options.attribution
-        )
+        out += gpu_subjects(labels, reading, status, instances if gpu.mig else None, attribution)
     if options.generation.sorted_output:
         out = [out[k] for k in in_output_order(out)]
     return out

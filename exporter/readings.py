@@ -254,8 +254,14 @@ def _pods(status: DeviceStatus | None) -> Pods:
     return tuple((uid, u.utilization.min, u.utilization.max) for uid, u in usage)
 
 
+def pod_percent(uid: str, lo: int, hi: int, step: int) -> int:
+    """What one pod keeps its device busy in `step`, in percent: drawn from its range, the same
+    value all step long."""
+    return lo + round((hi - lo) * _draw(f"{uid}/{step}"))
+
+
 def _utilization(pods: Pods, step: int) -> int:
-    """Percent busy in `step`: each pod draws from its range, the same value all step long."""
+    """Percent busy in `step`: its pods' together, at most 100."""
     total = 0
     for uid, lo, hi in pods:
         total += lo + round((hi - lo) * _draw(f"{uid}/{step}"))

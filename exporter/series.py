@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from common.podlabels import Allowlist, placed
 from exporter.fields import EMPTY, GPU, MIG
-from exporter.readings import Reading
+from exporter.readings import Reading, pod_percent
 from topology import dra
 from topology.model import AllocatedBy, DeviceStatus, DraClaim
 
@@ -66,6 +66,9 @@ class Attribution:
     what its generation does with a free device)."""
 
     virtual_gpus: bool = False  # --kubernetes-virtual-gpus: one copy per replica held
+    # With it, each holder's own FB_USED and GPU_UTIL (dcgm-exporter 4.5.3 and later, its #594):
+    # a generation's `per_process`.
+    per_process: bool = False
     dra: bool = False  # --kubernetes-enable-dra: one copy per pod container a claim gives it
     claim_status: bool = False  # DynamicMIG instances attributed through the claim's status
     free_pod_labels: bool = True  # a free device: container/namespace/pod="" (else none)
@@ -103,6 +106,7 @@ def gpu_subjects(
     status: DeviceStatus | None,
     instances: Sequence[InstanceSeries] | None,
     attribution: Attribution,
+    views: list[View | None] | None = None,
 ) -> list[Subject]:
     """The series subjects of one GPU: its own with MIG off (`instances` None, `status` naming
     its pods), else one per instance, or its GPU-level one when it has no instance. With `dra`
@@ -112,19 +116,42 @@ def gpu_subjects(
     base = (("gpu", str(gpu.index)), ("UUID", gpu.uuid), *bus, ("device", f"nvidia{gpu.minor}"),
             ("modelName", gpu.model))  # fmt: skip
     a = attribution
+    views = [] if views is None else views
     if instances is None:
-        pods = dra_holders(status, None, a) if a.dra else []
-        pods = pods or holders(status, a)
-        return [(GPU, _labels(base, gpu, held, a), reading) for held in pods]
+        return _copies(GPU, base, gpu, reading, status, None, a, views)
     free = (None, holder(None, a))
     out: list[Subject] = [] if instances else [(EMPTY, _labels(base, gpu, free, a), reading)]
+    views += [None] * len(out)
     for inst in instances:
         mig = (("GPU_I_PROFILE", inst.profile), ("GPU_I_ID", str(inst.gpu_instance_id)))
         named = (inst.uuid or "", inst.nvml_profile or inst.profile)
-        pods = dra_holders(inst.status, named, a) if a.dra else []
-        pods = pods or holders(inst.status, a)
-        out += [(MIG, _labels(base + mig, gpu, held, a), inst.reading) for held in pods]
+        out += _copies(MIG, base + mig, gpu, inst.reading, inst.status, named, a, views)
     return out
+
+
+def _copies(
+    kind: str,
+    head: Labels,
+    gpu: GpuLabels,
+    reading: Reading,
+    status: DeviceStatus | None,
+    mig: tuple[str, str] | None,
+    a: Attribution,
+    views: list[View | None],
+) -> list[Subject]:
+    """One device's series: one per holder (DRA's, or the device plugin's), and where holders
+    have their own values, their per-process copies (`View`)."""
+    pods = dra_holders(status, mig, a) if a.dra else []
+    if pods or not (a.per_process and a.virtual_gpus and status is not None
+                    and (status.allocated_by is not None or status.replicas)):  # fmt: skip
+        pods = pods or holders(status, a)
+        views += [None] * len(pods)
+        return [(kind, _labels(head, gpu, held, a), reading) for held in pods]
+    assert status is not None
+    pods = holders(status, a)
+    copies = [(held, View()) for held in pods] + process_copies(status, pods, a)
+    views += [v for _, v in copies]
+    return [(kind, _labels(head, gpu, held, a), reading) for held, _ in copies]
 
 
 def _labels(head: Labels, gpu: GpuLabels, held: Held, a: Attribution) -> Labels:
@@ -205,8 +232,85 @@ def _pod_labels(a: AllocatedBy | None, uid: bool = False) -> Labels:
 def holders(status: DeviceStatus | None, attribution: Attribution) -> list[Held]:
     """The holders of a device's series and their pod labels: one (the pod holding it, or one
     of the pods sharing it), or in virtual-GPU mode one per replica held, each with its `vgpu`
-    after the pod labels, where dcgm-exporter's sorted attributes put it."""
+    after the pod labels, where dcgm-exporter's sorted attributes put it; and one per KAI
+    fraction pod sharing it, after its reservation pod's (these dcgm-exporter cannot name: the
+    kubelet gives the GPU to the reservation pod only)."""
     if attribution.virtual_gpus and status is not None and status.replicas:
-        return [(r.holder, (*_pod_labels(replace(r.holder, uid=r.pod_uid), attribution.pod_uid),
-                            ("vgpu", str(r.index)))) for r in status.replicas]  # fmt: skip
-    return [(status.allocated_by if status else None, holder(status, attribution))]
+        return [(who, (*_pod_labels(who, attribution.pod_uid), ("vgpu", str(r.index))))
+                for r in status.replicas for who in (replace(r.holder, uid=r.pod_uid),)]  # fmt: skip
+    out: list[Held] = [(status.allocated_by if status else None, holder(status, attribution))]
+    if attribution.virtual_gpus and status is not None:
+        out += [(f.holder, _pod_labels(f.holder, attribution.pod_uid)) for f in status.fractions]
+    return out
+
+
+# --- per-process values (dcgm-exporter's #594) ---------------------------------------------------
+
+PROCESS_FIELDS = ("fb_used", "gpu_util")  # the Reading values a pod has its own of
+_NONE = Reading._make([None] * len(Reading._fields))
+_HIDE = dict.fromkeys(PROCESS_FIELDS)
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """Which of a device's values one copy of its series carries, where holders have their own
+    (`Attribution.per_process`): dcgm-exporter 4.5.3 and later, with --kubernetes-virtual-gpus,
+    serves FB_USED and GPU_UTIL once for the device (no pod labels) and once per holder with
+    that pod's own (its processes'), and every other field once per holder with the device's.
+
+    `own`: None for a copy of the other fields (without FB_USED and GPU_UTIL); else the device's
+    pods (uid, lowest %, highest %, MiB) and the index of the copy's pod among them, or -1 for
+    the device's own."""
+
+    own: tuple[tuple[tuple[str, int, int, int], ...], int] | None = None
+
+    def of(self, r: Reading, step: int) -> Reading:
+        if self.own is None:
+            return r._replace(**_HIDE)
+        pods, k = self.own
+        if k < 0:
+            return _NONE._replace(fb_used=r.fb_used, gpu_util=r.gpu_util)
+        if k >= len(pods):  # a holder with no usage: no process of its own
+            return _NONE._replace(fb_used=0, gpu_util=None if r.gpu_util is None else 0)
+        # The pods' own in a step, their sum within the device's: a share of it each, as
+        # NVML's per-process figures, which never add up to more than the device.
+        used = apportion([p[3] for p in pods], r.fb_used or 0)[k]
+        util = None
+        if r.gpu_util is not None:
+            util = apportion([pod_percent(uid, lo, hi, step) for uid, lo, hi, _ in pods],
+                             min(r.gpu_util, 100))[k]  # fmt: skip
+        return _NONE._replace(fb_used=used, gpu_util=util)
+
+
+def apportion(values: Sequence[int], most: int) -> list[int]:
+    """`values` as they are where they add up to at most `most`; else `most` shared in their
+    proportions, whole numbers adding up to it (the largest remainders round up)."""
+    total = sum(values)
+    if total <= most:
+        return list(values)
+    exact = [v * most / total for v in values]
+    out = [int(x) for x in exact]
+    for i in sorted(range(len(values)), key=lambda i: out[i] - exact[i])[: most - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def process_copies(
+    status: DeviceStatus, held: list[Held], a: Attribution
+) -> list[tuple[Held, View]]:
+    """The per-process copies of a held device: its own (no pod labels), then each holder's
+    with `pod_uid` (dcgm-exporter always writes it on these) and `vgpu` where it has one."""
+    pods = tuple((uid, u.utilization.min, u.utilization.max, u.fb_used)
+                 for uid, u in sorted(status.pod_gpu_usage_status.items()))  # fmt: skip
+    index = {p[0]: k for k, p in enumerate(pods)}
+    out: list[tuple[Held, View]] = [((None, holder(None, replace(a, free_pod_labels=False))),
+                                     View((pods, -1)))]  # fmt: skip
+    for who, labels in held:
+        if who is None:
+            continue
+        vgpu = [(n, v) for n, v in labels if n == "vgpu"]
+        own = (*_pod_labels(who, uid=True), *vgpu)
+        # A pod's usage is under its uid, or where a file gave it none, its namespace/name.
+        k = index.get(who.uid or f"{who.namespace}/{who.pod}", len(pods))
+        out.append(((who, own), View((pods, k))))
+    return out
