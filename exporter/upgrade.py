@@ -25,6 +25,8 @@ _ROWS: list[tuple[str, object]] = [
     ("`--kubernetes-enable-pod-uid`", lambda g: "no" if not g.pod_uid else
      "`pod_uid` on pods, replicas and DRA copies" if g.dra_pod_uid else
      "`pod_uid` on pods and replicas, not DRA copies"),
+    ("`--kubernetes-virtual-gpus`", lambda g: "each holder's own `FB_USED`, `GPU_UTIL` (with "
+     "`pod_uid`) beside the device's" if g.per_process else "the device's values on every copy"),
     ("DRA `dra_mig_device_uuid` unknown", lambda g: "-" if not g.dra else "`\"\"`" if g.dra_uuid_always else "left out"),
     ("`--kubernetes-enable-pod-labels`", lambda g: "sanitised, in name order with the label fields"
      if g.pod_labels else "no"),
@@ -155,8 +157,12 @@ def page() -> str:
         "  memory and garbage-collector series have nothing true to say of a Python process).",
         "  Their values print in Python's form (`4.0`), which Prometheus reads alike.",
         "- **`pod_uid`** is the pod's `metadata.uid` as the updater writes it in the topology",
-        "  (`pod-uid`); a pod from a file without one has none. 4.8.3's per-process copies,",
-        "  which always carry it, are not simulated.",
+        "  (`pod-uid`); a pod from a file without one has none. The per-process copies of",
+        "  `--kubernetes-virtual-gpus` always carry it, as dcgm-exporter's do.",
+        "- **Per-process values** (`--kubernetes-virtual-gpus`, from 4.5.3, its #594): each",
+        "  holder's `FB_USED` and `GPU_UTIL` are its simulated usage, shared out so that they",
+        "  add up to the device's; dcgm-exporter reads its processes through NVML (`hostPID`",
+        "  needed) and a pod without a process reads 0, as the reservation pods of KAI do.",
         "- **Pod labels** come from the topology: the updater copies them with `--pod-labels`",
         "  (as dcgm-exporter reads them from its pod informer). Python's `re` stands for Go's RE2",
         "  in the allowlist (the same for the patterns users write: no look-arounds in RE2).",
