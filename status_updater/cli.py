@@ -21,6 +21,7 @@ from kube import names
 from kube.api import BURST, QPS, Pace, port
 from status_updater import faults
 from status_updater.dra import (
+    DISABLED,
     SELECTED,
     DraOptions,
     add_claim_status_argument,
@@ -45,6 +46,7 @@ EXIT_OK, EXIT_USAGE = 0, 2
 ENVIRONMENT = (*CLUSTER_ENVIRONMENT, "LEASE_NAME", "POD_NAME", "MIG_PARTED_CONFIG",
                "RESYNC_SECONDS", "METRICS_PORT", "METRICS_ADDRESS", "DRA_NODE_SELECTOR",
                "DRA_DYNAMIC_MIG", "DRA_SLICE_LAYOUT", "DRA_LIST_TYPE_ATTRIBUTES", "DRA_CLAIM_STATUS",
+               "DRA_CONSUMABLE_SHARES",
                "KUBE_API_QPS", "KUBE_API_BURST", "LEASE_DURATION_SECONDS", "RENEW_DEADLINE_SECONDS",
                "RETRY_PERIOD_SECONDS", "POD_LABELS", "POD_LABEL_ALLOWLIST_REGEX",
                "FAULT_NODE_LABELS")  # fmt: skip
@@ -468,8 +470,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "render":
             dra = DraOptions.of(args) if args.resource_slices else None
             # Claims on the nodes DRA selects are placed as its driver would, with DynamicMIG
-            # where asked.
-            dra_nodes = args.dra_node_selector is not None or args.dra_dynamic_mig
+            # and consumable shares where asked.
+            dra_nodes = (args.dra_node_selector is not None or args.dra_dynamic_mig
+                         or args.dra_consumable_shares != DISABLED)  # fmt: skip
             slim = node_slimmer(DraOptions.of(args) if dra_nodes else None)
             return render(
                 args.nodes, args.pods, args.layout, args.mig_parted_config, dra, args.claims,

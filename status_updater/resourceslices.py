@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from status_updater.dra import COMBINED, SPLIT
+from status_updater.dra import COMBINED, DISABLED, MEMORY, SPLIT, shares_count
 from status_updater.objects import Obj, metadata, node_name, node_uid, strings
 from topology import dra
 from topology.catalog import Engines, GpuModel, Profile, model_for_product, nvml_model_name
@@ -59,6 +59,58 @@ def quantity(value: int) -> str:
         if value and value % unit == 0:
             return f"{value // unit}{suffix}"
     return str(value)
+
+
+_DECIMAL_UNITS = (("E", 10**18), ("P", 10**15), ("T", 10**12), ("G", 10**9), ("M", 10**6),
+                  ("k", 10**3))  # fmt: skip
+
+
+def decimal_quantity(value: int) -> str:
+    """A count in Kubernetes' canonical decimal-SI form, as `resource.NewQuantity(v, DecimalSI)`
+    prints: `4`, `1500`, `2k`."""
+    for suffix, unit in _DECIMAL_UNITS:
+        if value and value % unit == 0:
+            return f"{value // unit}{suffix}"
+    return str(value)
+
+
+def _shared(device: dict[str, Any], mode: str) -> dict[str, Any]:
+    """The device as published under the driver's `--consumable-shares mode`."""
+    return device if mode == DISABLED else _share(device, mode)
+
+
+def _share(device: dict[str, Any], mode: str) -> dict[str, Any]:
+    """The device as the driver's `applyConsumableShares` leaves it under `--consumable-shares
+    mode` (not `disabled`): allocatable to several claims; its memory (rounded down to 1Mi) a
+    consumable capacity with a request policy, a claim without a request taking all of it
+    (`memory`) or none (`unlimited`, N); with N, a capacity `shares` of N, one by default. Its
+    other capacities keep no policy: a claim takes all of each (docs/dra.md)."""
+    capacity = dict(device["capacity"])
+    memory = capacity.get("memory")
+    if memory is not None:
+        most = quantity(_value_of(memory["value"]) // _MIB * _MIB)
+        low, default = ("1Mi", most) if mode == MEMORY else ("0", "0")
+        capacity["memory"] = {
+            "value": most,
+            "requestPolicy": {"default": default,
+                              "validRange": {"min": low, "max": most, "step": "1Mi"}},
+        }  # fmt: skip
+        if (n := shares_count(mode)) is not None:
+            shares = decimal_quantity(n)
+            capacity["shares"] = {
+                "value": shares,
+                "requestPolicy": {"default": "1",
+                                  "validRange": {"min": "1", "max": shares, "step": "1"}},
+            }  # fmt: skip
+    return {**device, "capacity": capacity, "allowMultipleAllocations": True}
+
+
+def _value_of(text: str) -> int:
+    """The number a quantity this module printed stands for (`40Gi`, `14`, `2k`)."""
+    for suffix, unit in (*_UNITS, *_DECIMAL_UNITS):
+        if text.endswith(suffix):
+            return int(text.removesuffix(suffix)) * unit
+    return int(text)
 
 
 @dataclass(frozen=True)
@@ -227,6 +279,23 @@ def _dynamic_devices(
             yield _mig(parent, profile, start, None)
 
 
+def device_memory(topology: NodeTopology, gpu: int, profile: str | None, dynamic: bool) -> int:
+    """The MiB of `memory` capacity the slices publish for GPU `gpu` whole (`profile` None) or a
+    MIG device of `profile` on it (0 for a profile the catalog does not know): what claims
+    sharing the device consume of (the driver's `MemorySizeMB`, on the node's driver)."""
+    model = model_for_product(topology.gpu_product)
+    if model is None:
+        return topology.gpu_memory if profile is None else 0
+    model = model.for_driver(topology.driver_version or dra.DRA_DRIVER)
+    if profile is not None:
+        found = model.profile(profile)
+        return found.memory_mib if found else 0
+    whole = topology.gpus[gpu].mig_devices is None and not model.mig_toggles_without_reset
+    if not dynamic or whole:
+        return topology.gpu_memory
+    return _maxima(model)["memory"] // _MIB  # DynamicMIG's whole GPU: its largest profile's
+
+
 def slice_name(node: str, index: int) -> str:
     """`00000-gpu.nvidia.com-<node>`, or with as much of the node as fits and a hash, as a
     node's ConfigMap is named."""
@@ -238,22 +307,33 @@ def _counter_set(parent: _Parent, everything: Mapping[str, int]) -> dict[str, An
 
 
 def _dynamic_specs(
-    parents: list[_Parent], topology: NodeTopology, model: GpuModel, layout: str
+    parents: list[_Parent], topology: NodeTopology, model: GpuModel, layout: str, shares: str
 ) -> list[dict[str, Any]]:
     """The driver's DynamicMIG slices of a node with a MIG-capable GPU: per GPU, its devices and
     counter set where it is dynamic-MIG capable (MIG toggles without a reset, or MIG is on),
     else the whole GPU; split (every counter set first, in slices of at most 8, one even when
-    empty, then a slice per GPU) or combined (a slice per GPU with its own counter set)."""
+    empty, then a slice per GPU) or combined (a slice per GPU with its own counter set).
+
+    Under `--consumable-shares N` the counter set of a GPU offered whole also counts `shares`:
+    the driver's whole GPU and its counter set are made from one capacity map, which its
+    `applyConsumableShares` adds `shares` to before the counter set is made (partitions.go)."""
     maxima = _maxima(model)
     everything = _counters(maxima, 0, model.memory_slots)  # a GPU's counter set
+    n = shares_count(shares)
     per_gpu: list[tuple[list[dict[str, Any]], dict[str, Any] | None]] = []
     for parent, gpu in zip(parents, topology.gpus, strict=True):
         if gpu.mig_devices is None and not model.mig_toggles_without_reset:
-            per_gpu.append(([_whole(parent, topology.gpu_memory)], None))
+            per_gpu.append(([_shared(_whole(parent, topology.gpu_memory), shares)], None))
             continue
         partitions = _dynamic_devices(parent, model, maxima, everything)
-        devices = sorted(partitions, key=lambda d: str(d["name"]))
-        per_gpu.append((devices, _counter_set(parent, everything)))
+        devices = sorted((_shared(d, shares) for d in partitions), key=lambda d: str(d["name"]))
+        counters = _counter_set(parent, everything)
+        if n is not None and model.mig_toggles_without_reset:
+            counters["counters"] = {
+                **counters["counters"],
+                "shares": {"value": decimal_quantity(n)},
+            }
+        per_gpu.append((devices, counters))
     if layout == COMBINED:
         return [
             {"devices": devices, **({"sharedCounters": [counters]} if counters else {})}
@@ -289,6 +369,7 @@ def node_slices(
     layout: str = SPLIT,
     list_attributes: bool = False,
     taints: Sequence[Sequence[Taint]] = (),
+    shares: str = DISABLED,
 ) -> list[dict[str, Any]]:
     """The node's ResourceSlices. Raises TopologyError (naming the node) when a MIG device's
     profile has no capacities in the catalog.
@@ -296,7 +377,10 @@ def node_slices(
     `taints`: each GPU's device taints (faults.node_taints), put on every device of that GPU
     the slices publish, as the driver's health check does (gate NVMLDeviceHealthCheck). That gate
     cannot be on with DynamicMIG, so dynamic slices carry none. A slice with a tainted device
-    holds at most 64 devices, the API's limit then."""
+    holds at most 64 devices, the API's limit then.
+
+    `shares`: the driver's `--consumable-shares` (`disabled`, `memory`, `unlimited` or N): every
+    device allocatable to several claims, its memory (and with N, its `shares`) consumable."""
     name = node_name(node)
     obj = f"node {name}"
     model = model_for_product(topology.gpu_product)
@@ -306,14 +390,15 @@ def node_slices(
     parents = [_parent(i, gpu, common, list_attributes) for i, gpu in enumerate(topology.gpus)]
     specs: list[dict[str, Any]]
     if dynamic and model is not None:
-        specs = _dynamic_specs(parents, topology, model, layout)
+        specs = _dynamic_specs(parents, topology, model, layout, shares)
     elif dynamic:  # no MIG-capable GPU: the driver falls back to a slice per whole GPU
-        specs = [{"devices": [_whole(p, topology.gpu_memory)]} for p in parents]
+        specs = [{"devices": [_shared(_whole(p, topology.gpu_memory), shares)]} for p in parents]
     else:  # one slice, as the driver's; more only past the API's limit, where it would fail
         devices = []
         for parent, gpu in zip(parents, topology.gpus, strict=True):
             marks = [t.body() for t in taints[parent.index]] if taints else []
             for d in _static_devices(parent, gpu, model, topology.gpu_memory, obj):
+                d = _shared(d, shares)
                 devices.append({**d, "taints": marks} if marks else d)
         most = MAX_DEVICES if any(taints) else MAX_PLAIN_DEVICES
         specs = [{"devices": devices[i : i + most]} for i in range(0, len(devices), most)] or [
