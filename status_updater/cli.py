@@ -49,7 +49,7 @@ ENVIRONMENT = (*CLUSTER_ENVIRONMENT, "LEASE_NAME", "POD_NAME", "MIG_PARTED_CONFI
                "DRA_CONSUMABLE_SHARES",
                "KUBE_API_QPS", "KUBE_API_BURST", "LEASE_DURATION_SECONDS", "RENEW_DEADLINE_SECONDS",
                "RETRY_PERIOD_SECONDS", "POD_LABELS", "POD_LABEL_ALLOWLIST_REGEX",
-               "FAULT_NODE_LABELS")  # fmt: skip
+               "FAULT_NODE_LABELS", "KAI_NODE_SELECTOR")  # fmt: skip
 
 
 class _LiteralDumper(SafeDumper):  # type: ignore[valid-type,misc]
@@ -409,6 +409,24 @@ def _run_arguments(live: argparse.ArgumentParser) -> None:
         "fault a device plugin would mark unhealthy (a fatal Xid, a lost GPU); needs patch on "
         "nodes (env FAULT_NODE_LABELS=true)",
     )
+    live.add_argument(
+        "--kai-node-selector",
+        type=_kai_selector,
+        default=os.environ.get("KAI_NODE_SELECTOR") or None,
+        metavar="SELECTOR",
+        help="on the KWOK nodes (annotation kwok.x-k8s.io/node: fake) this label selector picks "
+        '("" for every one), write what KAI\'s node-side parts would: the node conditions '
+        "gpu-fractioning.nvidia.com/Ready and gpu-sharing.nvidia.com/Ready (NvFractions places "
+        "nothing without them), and each reservation pod's run.ai/reserve_for_gpu_index (its "
+        "GPU's uuid; KAI's binder waits for it); needs patch on nodes/status and pods "
+        "(env KAI_NODE_SELECTOR)",
+    )
+
+
+def _kai_selector(text: str) -> str:
+    if (why := names.label_selector(text)) is not None:
+        raise argparse.ArgumentTypeError(f"{why} (flag or KAI_NODE_SELECTOR)")
+    return text
 
 
 def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
@@ -497,6 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             timing,
             _copied_labels(args),
             args.fault_node_labels,
+            args.kai_node_selector,
         )
     except KeyboardInterrupt:
         return 130

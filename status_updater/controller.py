@@ -27,14 +27,14 @@ from kubernetes.client.exceptions import ApiException
 from common.podlabels import Allowlist
 from common.selfmetrics import InvalidObjects, kind_of
 from kube.api import REQUEST_TIMEOUT, Backoff, Obj, Said, describe, list_watch
-from status_updater import faults
+from status_updater import faults, kainodes
 from status_updater.claims import read_claim
 from status_updater.dra import DraOptions, node_slimmer
 from status_updater.objects import node_labels, node_name, pod_key, pod_slimmer
 from status_updater.state import ClusterState
-from topology import migparted
+from topology import kai, migparted
 from topology.errors import TopologyError
-from topology.model import NodeTopology
+from topology.model import NodeTopology, time_text
 
 log = logging.getLogger(__name__)
 COALESCE_S = 0.2  # a storm of events within this window gives one write per changed node
@@ -108,13 +108,15 @@ class Controller:
         pod_labels: Allowlist | None = None,
         namespace: str = "gpu-operator",
         node_labels: bool = False,
+        kai_selector: str | None = None,
     ) -> None:
         self.core, self.writer, self.is_leader, self.resync_s = core, writer, is_leader, resync_s
         self.turned = time.monotonic()  # when the writer's loop last began a turn
         self.sources = SOURCES if dra is None else DRA_SOURCES
         # What each informer keeps of its objects, as it lists and watches them.
         self._slims: dict[str, Callable[[Obj], Any]] = {
-            "nodes": node_slimmer(dra), "pods": pod_slimmer(pod_labels),
+            "nodes": kainodes.slimmer(node_slimmer(dra), kai_selector),
+            "pods": pod_slimmer(pod_labels),
             "claims": read_claim}  # fmt: skip
         self._ever_listed: set[str] = set()  # informers that listed once (informer threads)
         # The claims' informer: its list call, and what it last said of a 403 or 404 (whether
@@ -141,6 +143,9 @@ class Controller:
         self._label_said: str | None = None  # the last failure to label a Node, said once
         self._policy_said: dict[str, str] = {}  # each bad policy's problem, said once
         self._status_due: set[str] = set()  # policies whose status annotation is to be written
+        # --kai-node-selector: what KAI's node-side parts would write, on simulated nodes.
+        self.kai = kai_selector is not None
+        self._kai_said: str | None = None  # the last failure to write it, said once
 
     # --- informer callbacks (informer threads) ------------------------------------------------
 
@@ -446,6 +451,49 @@ class Controller:
                 return
             self._label_said = None
 
+    def _write_kai(self, names: set[str]) -> None:
+        """On the simulated nodes `--kai-node-selector` picks: KAI's node conditions, and each
+        reservation pod's GPU uuid (kainodes.py). What fails is said once, and tried again at
+        the next resync."""
+        now = time_text(int(time.time()))
+        for name in sorted(names):
+            node = self.state.nodes.get(name)
+            if node is None:
+                continue
+            calls: list[tuple[str, Callable[[], object]]] = []
+            if kainodes.needs_condition(node):
+                body = kainodes.condition_patch(now)
+                # Strategic: merged by condition type, the node's other conditions kept.
+                calls.append((f"node {name}: KAI's conditions", partial(
+                    self.core.patch_node_status, name, body, _request_timeout=REQUEST_TIMEOUT,
+                    _content_type="application/strategic-merge-patch+json")))  # fmt: skip
+            placed = self.state.results.get(name)
+            pods = self.state.pods.get(name, {}).values()
+            for ns, pod, uuid in kainodes.reservations_to_mark(
+                node, pods, placed if isinstance(placed, NodeTopology) else None
+            ):
+                body = {"metadata": {"annotations": {kai.GPU_INDEX: uuid}}}
+                calls.append((f"pod {ns}/{pod}: {kai.GPU_INDEX}", partial(
+                    self.core.patch_namespaced_pod, pod, ns, body,
+                    _request_timeout=REQUEST_TIMEOUT)))  # fmt: skip
+            for what, call in calls:
+                try:
+                    call()
+                except ApiException as e:
+                    if e.status == 404:  # gone since: nothing to say
+                        continue
+                    self._kai_failed(what, describe(e))
+                    return
+                except Exception as e:
+                    self._kai_failed(what, describe(e))
+                    return
+                self._kai_said = None
+
+    def _kai_failed(self, what: str, why: str) -> None:
+        if why != self._kai_said:
+            log.warning("%s cannot be written: %s", what, why)
+            self._kai_said = why
+
     def drain(self) -> None:
         """Apply every queued event to the state."""
         while True:
@@ -536,6 +584,8 @@ class Controller:
             self._write_status()
             if self.node_labels:
                 self._label_nodes(set(self.state.nodes) if self._full else self._pending)
+            if self.kai:
+                self._write_kai(set(self.state.nodes) if self._full else self._pending)
             if said.ok():
                 log.info("%s: written again", self.writer.what)
             if self._full:

@@ -46,6 +46,7 @@ def run(
     timing: Timing = CLIENT_GO,
     pod_labels: Allowlist | None = None,
     node_labels: bool = False,
+    kai_selector: str | None = None,
 ) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -62,7 +63,7 @@ def run(
         paced(client, pace)
     writer, controller, elector = _components(
         client, layout, lease_name, identity, resync_s, mig_parted_config, dra, lease_client,
-        timing, pod_labels, node_labels,
+        timing, pod_labels, node_labels, kai_selector,
     )  # fmt: skip
     stop = threading.Event()
 
@@ -114,6 +115,7 @@ def _components(
     timing: Timing = CLIENT_GO,
     pod_labels: Allowlist | None = None,
     node_labels: bool = False,
+    kai_selector: str | None = None,
 ) -> tuple[Writer, Controller, LeaderElector]:
     """The layout's writer (and with DRA on the ResourceSlices'), the controller feeding it, and
     the Lease that says who writes."""
@@ -131,6 +133,7 @@ def _components(
     controller = Controller(
         core, writer, resync_s=resync_s, mig_parted_config=mig_parted_config, dra=dra,
         pod_labels=pod_labels, namespace=namespace, node_labels=node_labels,
+        kai_selector=kai_selector,
     )  # fmt: skip
     elector = LeaderElector(
         kubernetes.client.CoordinationV1Api(lease_client or client),

@@ -852,15 +852,19 @@ def test_single_layout_rbac_is_pinned_to_the_topology_configmap() -> None:
 def test_status_updater_rbac(rendered: list[dict[str, Any]]) -> None:
     cluster, namespaced = bound_rules(rendered, UPDATER)
 
-    # Cluster-wide: nodes and pods read, and nodes patched (its --fault-node-labels, the
-    # unhealthy-GPU label: docs/faults.md); nothing else written.
+    # Cluster-wide: nodes and pods read; nodes patched (its --fault-node-labels, the
+    # unhealthy-GPU label: docs/faults.md), simulated nodes' status and KAI's reservation pods
+    # patched (its --kai-node-selector: docs/sharing.md); nothing else written.
     for rule in cluster:
         assert set(rule["verbs"]) <= READ_VERBS | {"patch"}, rule
-        assert "patch" not in rule["verbs"] or rule["resources"] == ["nodes"], rule
+        assert "patch" not in rule["verbs"] or set(rule["resources"]) <= {
+            "nodes", "nodes/status", "pods"}, rule  # fmt: skip
         assert "*" not in rule["resources"] and "*" not in rule["apiGroups"], rule
-    assert {r for rule in cluster for r in rule["resources"]} == {"nodes", "pods"}
-    assert allowed(cluster, "patch", "nodes")
-    assert not allowed(cluster, "patch", "pods") and not allowed(cluster, "update", "nodes")
+    assert {r for rule in cluster for r in rule["resources"]} == {"nodes", "nodes/status", "pods"}
+    assert allowed(cluster, "patch", "nodes") and allowed(cluster, "patch", "nodes/status")
+    assert allowed(cluster, "patch", "pods")
+    assert not allowed(cluster, "update", "nodes") and not allowed(cluster, "update", "pods")
+    assert not allowed(cluster, "delete", "pods") and not allowed(cluster, "create", "pods")
     for resource in ("nodes", "pods"):
         for verb in READ_VERBS:
             assert allowed(cluster, verb, resource), (verb, resource)
@@ -1060,7 +1064,8 @@ def test_dra_install() -> None:
         assert not allowed(cluster, verb, "resourceclaims/status", "resource.k8s.io", "c"), verb
     assert not allowed(cluster, "create", "deviceclasses", "resource.k8s.io")
     granted = {(g, r) for rule in cluster for g in rule["apiGroups"] for r in rule["resources"]}
-    assert granted == {("", "nodes"), ("", "pods"), ("resource.k8s.io", "resourceslices"),
+    assert granted == {("", "nodes"), ("", "nodes/status"), ("", "pods"),
+                       ("resource.k8s.io", "resourceslices"),
                        ("resource.k8s.io", "resourceclaims"),
                        ("resource.k8s.io", "resourceclaims/status")}  # fmt: skip
     # The exporters get nothing of DRA: they read ConfigMaps.

@@ -258,17 +258,17 @@ def test_the_updater_s_documented_defaults_reach_the_daemon(
                  "RESYNC_SECONDS", "METRICS_PORT", "METRICS_ADDRESS", "DRA_NODE_SELECTOR",
                  "DRA_DYNAMIC_MIG", "KUBE_API_QPS", "KUBE_API_BURST", "LEASE_DURATION_SECONDS",
                  "RENEW_DEADLINE_SECONDS", "RETRY_PERIOD_SECONDS", "POD_LABELS",
-                 "POD_LABEL_ALLOWLIST_REGEX", "FAULT_NODE_LABELS"):  # fmt: skip
+                 "POD_LABEL_ALLOWLIST_REGEX", "FAULT_NODE_LABELS", "KAI_NODE_SELECTOR"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
     given: list[tuple[object, ...]] = []
     monkeypatch.setattr(daemon, "run", lambda *args: given.append(args) or 0)
     assert updater_cli.main(["run"]) == 0
     (args,) = given
-    pace, timing, pod_labels, node_labels = args[-4:]
+    pace, timing, pod_labels, node_labels, kai_selector = args[-5:]
     assert (pace.qps, pace.burst) == (100, 200) and timing == Timing(15, 10, 2)  # client-go's
     assert pod_labels is None  # no pod labels copied unless asked
-    assert node_labels is False  # no Node written unless asked
-    assert args[1:-4] == ("per-node", "topology-status-updater", f"{socket.gethostname()}-{os.getpid()}",
+    assert node_labels is False and kai_selector is None  # no Node written unless asked
+    assert args[1:-5] == ("per-node", "topology-status-updater", f"{socket.gethostname()}-{os.getpid()}",
                         30.0, "gpu-operator/default-mig-parted-config", ("", 9401),
                         None)  # fmt: skip
     monkeypatch.setenv("POD_NAME", "updater-1")
@@ -279,16 +279,18 @@ def test_the_updater_s_documented_defaults_reach_the_daemon(
     monkeypatch.setenv("KUBE_API_QPS", "500")
     monkeypatch.setenv("RENEW_DEADLINE_SECONDS", "12")
     monkeypatch.setenv("FAULT_NODE_LABELS", "true")
+    monkeypatch.setenv("KAI_NODE_SELECTOR", "type=kwok")
     assert updater_cli.main(["run", "--layout", "single", "--resync", "5"]) == 0
-    assert given[1][-4].qps == 500 and given[1][-3] == Timing(15, 12, 2) and given[1][-1] is True
-    assert given[1][1:-4] == ("single", "mine", "updater-1", 5.0, "ops/layouts", None,
+    assert given[1][-5].qps == 500 and given[1][-4] == Timing(15, 12, 2) and given[1][-2] is True
+    assert given[1][-1] == "type=kwok"
+    assert given[1][1:-5] == ("single", "mine", "updater-1", 5.0, "ops/layouts", None,
                             DraOptions("type=kwok", dynamic_mig=False))  # fmt: skip
     monkeypatch.setenv("DRA_DYNAMIC_MIG", "true")
     assert updater_cli.main(["run", "--dra-node-selector", ""]) == 0  # every GPU node
-    assert given[2][-5] == DraOptions("", dynamic_mig=True)
+    assert given[2][-6] == DraOptions("", dynamic_mig=True)
     monkeypatch.setenv("DRA_NODE_SELECTOR", "")  # empty is unset, as every variable: DRA off
     assert updater_cli.main(["run"]) == 0
-    assert given[3][-5] is None
+    assert given[3][-6] is None
 
 
 def test_the_updater_without_a_command_is_a_usage_error() -> None:

@@ -35,6 +35,7 @@ def run_daemon(
     scenario: Callable[[], None],
     dra: DraOptions | None = None,
     node_labels: bool = False,
+    kai_selector: str | None = None,
 ) -> int:
     """Runs the daemon until `scenario` (in another thread) is over, then sends it SIGTERM;
     its exit code. A scenario's failure is raised here."""
@@ -57,7 +58,7 @@ def run_daemon(
     driver.start()
     code = daemon.run(
         str(config), layout, "lease", "me", resync_s, "gpu-operator/absent", None, dra,
-        node_labels=node_labels,
+        node_labels=node_labels, kai_selector=kai_selector,
     )  # fmt: skip
     driver.join(5)
     if failed:
