@@ -173,15 +173,17 @@ _usage = st.builds(PodUsage, st.builds(Utilization, st.integers(0, 100), st.inte
 _labels = st.dictionaries(_text, _text, max_size=3).map(lambda d: tuple(sorted(d.items())))
 _holder = st.builds(AllocatedBy, _text, _text, _text, _text, _labels)
 _name = _text.filter(bool)  # a Kubernetes name: never empty
+_claim = st.builds(DraClaim, _holder, _name, _name, _name, _name, st.booleans(), _text,
+                   st.none() | st.integers(0, 10**6))  # fmt: skip
+_fraction = st.builds(Fraction, _holder, _text, st.integers(0, 10**6),
+                      st.sampled_from(["", "time-slicing", "sm-sharing"]))  # fmt: skip
 _status = st.builds(
     DeviceStatus,
     st.none() | _holder,
     st.dictionaries(_text, _usage, max_size=2),
     st.lists(st.builds(Replica, st.integers(0, 9), _holder, _text), max_size=2).map(tuple),
-    st.lists(st.builds(DraClaim, _holder, _name, _name, _name, _name, st.booleans(), _text,
-                       st.none() | st.integers(0, 10**6)), max_size=2).map(tuple),
-    st.lists(st.builds(Fraction, _holder, _text, st.integers(0, 10**6),
-                       st.sampled_from(["", "time-slicing", "sm-sharing"])), max_size=2).map(tuple),
+    st.lists(_claim, max_size=2).map(tuple),
+    st.lists(_fraction, max_size=2).map(tuple),
 )
 _mig = st.builds(
     MigDevice, _text, st.integers(0, 7), st.integers(0, 14), st.none() | _text, st.none() | _status
