@@ -64,9 +64,13 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
 
 def _reserve(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
     uid = pod_uid(pod)
+    found = kai.groups(_labels(pod))
+    if not found:  # checked before it holds anything: a pod that fails holds nothing
+        raise TopologyError(pod_ref(pod), f"metadata.labels[{kai.GROUP}]", "a reservation pod "
+                            "names no GPU group: not placed")  # fmt: skip
+    group = found[0]
     policy = next(p for p in _HOLDING if p.applies(board, pod))
     policy.place(board, pod, warnings)
-    group = kai.groups(_labels(pod))[0]
     for g, d in board.devices_of(uid):
         status = board.status(g, d)
         assert status is not None  # the pod holds it

@@ -296,3 +296,12 @@ def test_a_cluster_reconciles_reservation_and_fraction_pods_across_nodes() -> No
     assert warnings == []
     for name in ("a", "b"):
         assert sharing(topology.nodes[name]) == {f"f{name}": [(0, 1000)]}
+
+
+def test_a_reservation_pod_without_a_group_is_said_and_holds_nothing() -> None:
+    bad = reservation("g", 0)
+    bad["metadata"]["labels"][kai.GROUP] = ""
+    result, warnings = place([bad, reservation("h", 1), fraction("f", ["h"], 2, gpu_memory="100")])
+    assert sharing(result) == {"f": [(0, 100)]}  # the next reservation pod took GPU 0
+    (line,) = warnings
+    assert line.startswith("pod kai-resource-reservation/gpu-reservation-g: metadata.labels[")
