@@ -10,15 +10,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from status_updater import kainodes
 from status_updater.objects import slim_node, slim_pod
 from status_updater.reconcile import reconcile_node
 from tests.status_updater.test_daemon import NS, run_daemon
-from tests.status_updater.test_kai import fraction, reservation
+from tests.status_updater.test_kai import NODES, PODS, fraction, items, reservation
 from tests.status_updater.test_reconcile import whole_gpu_node
+from tests.support.base import run_cli
 from tests.support.kubeapi import KubeAPI, eventually
+from tests.support.promtext import parse
 from topology import kai
+from topology.configmap import parse_document
 from topology.model import NodeTopology, load_yaml
 
 
@@ -40,6 +44,13 @@ def annotations(kube: KubeAPI, name: str, namespace: str) -> dict[str, Any]:
 def on(pod: dict[str, Any], node: str) -> dict[str, Any]:
     pod["spec"]["nodeName"] = node
     return pod
+
+
+def shares(node: NodeTopology) -> set[tuple[str, tuple[tuple[str, int], ...]]]:
+    """Each held GPU: its holder, and its fraction pods with their memory."""
+    return {(g.status.allocated_by.pod, tuple(sorted((f.holder.pod, f.memory)
+                                                     for f in g.status.fractions)))
+            for g in node.gpus if g.status and g.status.allocated_by}  # fmt: skip
 
 
 @pytest.mark.parametrize("selector", ["type=kwok", ""])
@@ -123,3 +134,38 @@ def test_only_a_picked_kwok_node_is_written_and_only_what_it_lacks() -> None:
     placed, _ = reconcile_node(slim_node(gpu), pods)
     assert [name for _, name, _ in kainodes.reservations_to_mark(picked, pods, placed)] == [
         "gpu-reservation-h"]  # fmt: skip
+
+
+def test_the_kai_sample_in_a_running_updater_is_what_render_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sample cluster created in the API: the live updater shares the GPUs as render does
+    (the API gives the pods their own uids and creation times, so which GPU each reservation pod
+    gets may differ), and the exporter reading its ConfigMap names each reservation pod with its
+    fraction pods' summed memory, each fraction pod with its own."""
+    rendered = run_cli("status_updater", "render", "--nodes", str(NODES), "--pods", str(PODS))
+    expected = parse_document(rendered.stdout, "render").nodes["h100-kai-0"]
+    with KubeAPI.start() as kube:
+        for node in items(NODES):
+            kube.create("nodes", node)
+        for pod in items(PODS):
+            kube.create("pods", pod, namespace=pod["metadata"]["namespace"])
+
+        def scenario() -> None:
+            live = eventually(lambda: topology(kube, "h100-kai-0"))
+            assert shares(live) == shares(expected)
+            cm = kube.find("configmaps", "topology-h100-kai-0", NS)
+            path = tmp_path / "cm.yaml"
+            path.write_text(yaml.safe_dump(cm))
+            out = run_cli("exporter", "--topology-file", str(path), "--node-name", "h100-kai-0",
+                          "--once", "--kubernetes-virtual-gpus", "--dcgm-exporter-version", "4.8.4")  # fmt: skip
+            assert out.returncode == 0, out.stderr
+            used = {(s.label("UUID"), dict(s.labels).get("pod", "")): s.value
+                    for s in parse(out.stdout) if s.name == "DCGM_FI_DEV_FB_USED"}  # fmt: skip
+            for gpu in live.gpus:
+                if gpu.status and gpu.status.fractions:
+                    assert used[gpu.id, ""] == sum(f.memory for f in gpu.status.fractions)
+                    for f in gpu.status.fractions:
+                        assert used[gpu.id, f.holder.pod] == f.memory
+
+        assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 60, scenario) == 0
