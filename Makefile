@@ -51,6 +51,7 @@ bench-many: $(VENV)/.installed
 	./scripts/install-test-tools
 	$(PY) -m bench.many --nodes 5000 --gpus 8 --runs 3 --shards 4 --prometheus-targets 2000
 	$(PY) -m bench.faults --nodes 5000 --gpus 8 --runs 3 --fraction 0.02
+	$(PY) -m bench.kai --nodes 5000 --gpus 8 --runs 3
 
 # DRA at cluster size (issue 32; about 30 minutes, see BENCHMARKS.md): the updater publishing 5,000
 # H100 x 8 dynamic-MIG nodes' ResourceSlices to an API that takes every write at once (unpaced:

@@ -100,3 +100,29 @@ def test_the_fault_benchmark_prints_every_figure() -> None:
     changed = updater.split("GPUs; ")[1]
     assert changed.split(" nodes' documents change, ")[0] == changed.split(", ")[1].split(" ")[0]
     assert any("faults' start to a hit node's Xid on its page: " in line for line in lines)
+
+
+KAI = (
+    "updater with fractions: 6 nodes x 8 GPUs, ",
+    "updater with fractions memory: ",
+    "updater with fractions event, a fraction pod added on one node to its document: p50 ",
+    "updater reservations only: 6 nodes x 8 GPUs, ",
+    "updater reservations only memory: ",
+    "updater reservations only event, a fraction pod added on one node to its document: p50 ",
+    "updater fractions' cost: ",
+    "exporter default (2022): start-up ",
+    "exporter 4.8.4: start-up ",
+    "exporter 4.8.4 virtual GPUs: start-up ",
+    "exporter per-pod copies (4.8.4 virtual GPUs over 4.8.4): ",
+)
+
+
+def test_the_kai_benchmark_prints_every_figure() -> None:
+    args = ["--nodes", "6", "--runs", "1", "--hold", "2", "--events", "3"]
+    lines = bench_lines("bench.kai", args, KAI)
+    # Not timings: the fraction pods are named on a page only with per-pod values.
+    named = {line.split(": ")[0]: line.split(" series, ")[1] for line in lines
+             if line.startswith("exporter ") and " series, " in line}  # fmt: skip
+    assert named == {"exporter default (2022)": "0 fraction pods named",
+                     "exporter 4.8.4": "0 fraction pods named",
+                     "exporter 4.8.4 virtual GPUs": "10 fraction pods named"}, lines  # fmt: skip
