@@ -281,8 +281,9 @@ def _series_arguments(p: argparse.ArgumentParser) -> None:
         "--kubernetes-virtual-gpus",
         action="store_true",
         default=env_switch("KUBERNETES_VIRTUAL_GPUS"),
-        help="a shared GPU's (time-slicing, MPS) series once per pod sharing it, with a vgpu "
-        "label, as dcgm-exporter's flag (env KUBERNETES_VIRTUAL_GPUS=true)",
+        help="a shared GPU's (time-slicing, MPS, KAI fractions) series once per pod sharing it, "
+        "with a vgpu label where it holds a replica, and from 4.8.3 each pod's own FB_USED and "
+        "GPU_UTIL, as dcgm-exporter's flag (env KUBERNETES_VIRTUAL_GPUS=true)",
     )
     p.add_argument(
         "--enable-exporter-metrics",
