@@ -169,10 +169,11 @@ def _joins(
         profile = devices[d].name
     most = device_memory(board.node, g, profile, board.dynamic)
     used = sum({_share(c): c.consumed_memory or 0 for c in others}.values())
-    if used + (claim.consumed_memory or 0) > most:
-        raise TopologyError(obj, field, f"device {claim.device}: its share consumes "
-                            f"{claim.consumed_memory} MiB of memory, and the claims sharing it "
-                            f"{used} MiB of its {most}: not placed")  # fmt: skip
+    mine = claim.consumed_memory or 0
+    if used + mine > most:
+        raise TopologyError(obj, field, f"device {claim.device}: its share consumes {mine} MiB "
+                            f"of memory, and the claims sharing it {used} MiB of its {most}: "
+                            "not placed")  # fmt: skip
 
 
 def _shares_of(board: Board) -> int | None:
