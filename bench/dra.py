@@ -2,15 +2,17 @@
 takes every write at once (bench/fakeapi.py), so that what is measured is the updater's own cost.
 
     .venv/bin/python -m bench.dra [--nodes 5000] [--gpus 8] [--runs 3] [--claims 20]
-                                  [--baseline REF] [--baseline-nodes 300] [--render-nodes 1000]
+                                  [--baseline REF | --no-baseline] [--baseline-nodes 300]
+                                  [--render-nodes 1000] [--consumable-shares MODE]
                                   [-- extra updater flags, e.g. --kube-api-qps 100000]
 
 The cluster: --nodes KWOK-like Nodes labelled `type=kwok`, each with --gpus H100-80GB GPUs as GPU
 Feature Discovery labels them, MIG on (`all-enabled`, mixed strategy). With `--dra-dynamic-mig`
 every GPU offers every profile at every placement: the updater publishes one counter-set slice
 and one slice per GPU on each node (counted from `status_updater render` of one node, not
-assumed). Each run starts a fresh fake API holding the Nodes and prints, per figure, the median
-of --runs:
+assumed, with the bytes of its slices as JSON). `--consumable-shares MODE` runs ours (`run` and
+`render`) with `--dra-consumable-shares MODE`, the driver's ConsumableShares. Each run starts a
+fresh fake API holding the Nodes and prints, per figure, the median of --runs:
 
 a) publish: `status_updater run` started; wall seconds from its exec until every slice is in the
    API, and at that moment its CPU seconds (user + system) and VmRSS / VmHWM;
@@ -26,8 +28,8 @@ d) render: `status_updater render --resource-slices --dra-dynamic-mig` of --rend
    peak RSS.
 
 Then (a) and (d) for --baseline (the updater before this work, from `git archive`), (a) at
---baseline-nodes, without the extra flags (it has none of them); a phase that runs out of its
-time limit prints "did not finish" instead of its figure.
+--baseline-nodes, without the extra flags (it has none of them), unless --no-baseline; a phase
+that runs out of its time limit prints "did not finish" instead of its figure.
 
 Benchmarks are not timed tests: tests/live/test_bench_dra.py runs a tiny size and checks only
 that every figure is printed. The targets printed beside the figures are the issue's.
@@ -50,7 +52,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,31 +108,33 @@ def nodes_file(path: Path, nodes: int, gpus: int) -> list[str]:
 
 @dataclass(frozen=True)
 class Layout:
-    """What one node publishes, from `render` of one node: its slice count, and per GPU a MIG
-    device a claim may be given."""
+    """What one node publishes, from `render` of one node: its slice count, per GPU a MIG device
+    a claim may be given, and its slices' bytes as compact JSON (as the updater sends them)."""
 
     slices: int
     devices: list[str]
+    bytes: int = 0
 
 
-def one_node_layout(gpus: int, work: Path) -> Layout:
+def one_node_layout(gpus: int, work: Path, flags: Sequence[str] = ()) -> Layout:
     path = work / "one-node.json"
     nodes_file(path, 1, gpus)
     out = subprocess.run(
         [sys.executable, "-m", "status_updater", "render", "--resource-slices",
-         "--dra-dynamic-mig", "--dra-node-selector", SELECTOR, "--nodes", str(path)],
+         "--dra-dynamic-mig", "--dra-node-selector", SELECTOR, "--nodes", str(path), *flags],
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
     ).stdout  # fmt: skip
     import yaml  # only here: the rest reads JSON
 
     slices = yaml.safe_load(out)["items"]
+    size = sum(len(json.dumps(s, separators=(",", ":"))) for s in slices)
     devices = []
     for g in range(gpus):
         names = [d["name"] for s in slices for d in s["spec"].get("devices", [])
                  if d["name"].startswith(f"gpu-{g}-")]  # fmt: skip
         mig = [n for n in names if "-mig-" in n]
         devices.append((mig or names)[0])
-    return Layout(len(slices), devices)
+    return Layout(len(slices), devices, size)
 
 
 # --- the fake API ----------------------------------------------------------------------------
@@ -505,8 +509,10 @@ def publish(who: str, tree: Path, count: int, layout: Layout, args: argparse.Nam
 # --- render ------------------------------------------------------------------------------------
 
 
-def render(who: str, tree: Path, count: int, args: argparse.Namespace, work: Path) -> None:
-    """`render --resource-slices` of `count` nodes to a file, YAML and JSON where offered."""
+def render(who: str, tree: Path, count: int, args: argparse.Namespace, work: Path,
+           extra: Sequence[str] = ()) -> None:  # fmt: skip
+    """`render --resource-slices` of `count` nodes to a file, YAML and JSON where offered;
+    `extra`, render's flags beside those."""
     nodes = work / f"render-{count}.json"
     nodes_file(nodes, count, args.gpus)
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -521,7 +527,8 @@ def render(who: str, tree: Path, count: int, args: argparse.Namespace, work: Pat
             continue
         flags = ["-o", "json"] if form == "JSON" else []
         out = work / f"render-{who.replace(' ', '-')}.{form.lower()}"
-        argv = [*command, "--resource-slices", "--dra-dynamic-mig", "--nodes", str(nodes), *flags]
+        argv = [*command, "--resource-slices", "--dra-dynamic-mig", "--nodes", str(nodes), *flags,
+                *extra]  # fmt: skip
         took = child_rusage(argv, tree, env, out, args.render_timeout, args.render_limit_mib)
         if took is None:
             print(f"{what}: did not finish in {args.render_timeout:g} s")
@@ -598,6 +605,9 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--claims", type=int, default=20, help="claims timed one at a time")
     p.add_argument("--baseline", default=BASELINE, help="git ref of the updater to compare")
+    p.add_argument("--no-baseline", action="store_true", help="measure ours only")
+    p.add_argument("--consumable-shares", metavar="MODE",
+                   help="ours with --dra-consumable-shares MODE (publish and render)")  # fmt: skip
     p.add_argument("--baseline-nodes", type=int, default=300)
     p.add_argument("--render-nodes", type=int, default=1000)
     p.add_argument("--timeout", type=float, default=1800,
@@ -609,17 +619,23 @@ def main() -> None:
     p.add_argument("--api-delay-ms", type=float, default=0.0,
                    help="the fake API answers every request this late (a slow API)")  # fmt: skip
     args = p.parse_args(argv)
+    shares = ["--dra-consumable-shares", args.consumable_shares] if args.consumable_shares else []
+    extra = [*extra, *shares]
     print(f"machine: {machine()}, load {load()}")
     print(f"commit: {commit()}; updater flags added: {' '.join(extra) or 'none'}")
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # one socket per watch and request
     with tempfile.TemporaryDirectory(prefix="bench-dra-") as tmp:
         work = Path(tmp)
-        layout = one_node_layout(args.gpus, work)
+        layout = one_node_layout(args.gpus, work, shares)
         print(f"cluster: {args.nodes} nodes x {args.gpus} H100-80GB, MIG dynamic: "
               f"{layout.slices} ResourceSlices a node (not a figure)")  # fmt: skip
+        print(f"slice bytes: {layout.bytes / 1024:.1f} KiB of JSON a node, "
+              f"{layout.bytes * args.nodes / 2**20:.1f} MiB for {args.nodes} nodes")  # fmt: skip
         publish("ours", ROOT, args.nodes, layout, args, extra, work, full=True)
-        render("ours", ROOT, args.render_nodes, args, work)
+        render("ours", ROOT, args.render_nodes, args, work, shares)
+        if args.no_baseline:
+            return
         baseline = baseline_tree(args.baseline, work)
         who = f"baseline {args.baseline}"
         publish(who, baseline, args.baseline_nodes, layout, args, [], work, full=False)
