@@ -489,8 +489,8 @@ class NodeSeries:
     first values (readings.HOT): the rest is the same for every healthy GPU (HEALTHY), and held
     per series it was 16 MiB of 5,000 nodes' 450."""
 
-    __slots__ = ("_faulty", "_healthy", "_lost", "_parts", "_plans", "_shape", "_values", "node",
-                 "options", "texts")  # fmt: skip
+    __slots__ = ("_faulty", "_healthy", "_lost", "_parts", "_plans", "_shape", "_values",
+                 "_viewed", "node", "options", "texts")  # fmt: skip
 
     def __init__(self, node: NodeTopology, options: Options, now: float) -> None:
         options = _for_node(node, options)
@@ -499,9 +499,9 @@ class NodeSeries:
         self._lost = lost_gpus(node, now) if self._faulty else frozenset()
         self._plans = _plans(node, options, self._lost)
         subjects, self._shape = _subjects(node, self._plans, options, now)
-        # A copy of only some values (series.View) has None where a healthy GPU reads 0.
-        self._healthy = (not self._faulty and not any(g.counted for g in node.gpus)
-                         and all(v is None for _, _, v in self._shape))  # fmt: skip
+        self._healthy = not self._faulty and not any(g.counted for g in node.gpus)
+        # Copies of some values only (series.View: per-process values), worked out each step.
+        self._viewed = any(v is not None for _, _, v in self._shape)
         self.texts = _label_texts(subjects, options)  # (kind, label text, err cut), in order
         if self._healthy:
             self._values = [r[: readings.HOT] for _, _, r in subjects]
@@ -517,16 +517,21 @@ class NodeSeries:
         new.node, new.options, new.texts = self.node, self.options, self.texts
         new._plans, new._shape, new._parts = self._plans, self._shape, None
         new._faulty, new._healthy, new._lost = self._faulty, self._healthy, self._lost
+        new._viewed = self._viewed
         read = _read(self._plans, self.options, now)
-        if self._healthy:
-            hot = readings.HOT
-            new._values = [(read[g][0] if k < 0 else read[g][1][k])[:hot]
-                           for g, k, _ in self._shape]  # fmt: skip
-        else:
-            step = readings.step_of(now)
-            new._values = [tuple(r if v is None else v.of(r, step))
-                           for g, k, v in self._shape
-                           for r in (read[g][0] if k < 0 else read[g][1][k],)]  # fmt: skip
+        hot = readings.HOT
+        if not self._viewed:
+            if self._healthy:
+                new._values = [(read[g][0] if k < 0 else read[g][1][k])[:hot]
+                               for g, k, _ in self._shape]  # fmt: skip
+            else:
+                new._values = [tuple(read[g][0] if k < 0 else read[g][1][k])
+                               for g, k, _ in self._shape]  # fmt: skip
+            return new
+        step = readings.step_of(now)
+        seen = [r if v is None else v.of(r, step) for g, k, v in self._shape
+                for r in (read[g][0] if k < 0 else read[g][1][k],)]  # fmt: skip
+        new._values = [r[:hot] for r in seen] if self._healthy else [tuple(r) for r in seen]
         return new
 
     def parts(self) -> dict[str, bytes]:
@@ -538,7 +543,12 @@ class NodeSeries:
         return parts
 
     def _write(self) -> dict[str, bytes]:
-        if self._healthy:
+        if self._healthy and self._viewed:
+            # A copy of FB_USED and GPU_UTIL alone has none of the values a healthy GPU reads 0.
+            tails = [readings.BLANK if v is not None and v.shares is not None
+                     else readings.HEALTHY for _, _, v in self._shape]  # fmt: skip
+            values = [Reading._make(v + t) for v, t in zip(self._values, tails, strict=True)]
+        elif self._healthy:
             healthy = readings.HEALTHY
             values = [Reading._make(v + healthy) for v in self._values]
         else:

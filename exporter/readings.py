@@ -224,6 +224,7 @@ if Reading._fields[: len(_HOT_ORDER)] != _HOT_ORDER:
     raise ImportError("readings._HOT_ORDER is not Reading's first fields: make them agree")
 HEALTHY = tuple(Reading._field_defaults[name] for name in HEALTH_FIELDS)  # a healthy GPU's
 HOT = len(_HOT_ORDER)  # a healthy GPU's reading is its first HOT values and HEALTHY
+BLANK = (None,) * len(HEALTH_FIELDS)  # none of them: a copy that serves other fields only
 _new = tuple.__new__
 
 

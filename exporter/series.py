@@ -149,7 +149,7 @@ def _copies(
         return [(kind, _labels(head, gpu, held, a), reading) for held in pods]
     assert status is not None
     pods = holders(status, a)
-    copies = [(held, View()) for held in pods] + process_copies(status, pods, a)
+    copies = [(held, _OTHERS) for held in pods] + process_copies(status, pods, a)
     views += [v for _, v in copies]
     return [(kind, _labels(head, gpu, held, a), reading) for held, _ in copies]
 
@@ -247,8 +247,44 @@ def holders(status: DeviceStatus | None, attribution: Attribution) -> list[Held]
 # --- per-process values (dcgm-exporter's #594) ---------------------------------------------------
 
 PROCESS_FIELDS = ("fb_used", "gpu_util")  # the Reading values a pod has its own of
-_NONE = Reading._make([None] * len(Reading._fields))
-_HIDE = dict.fromkeys(PROCESS_FIELDS)
+_FB, _UTIL = (Reading._fields.index(name) for name in PROCESS_FIELDS)
+_WIDTH = len(Reading._fields)
+_new = tuple.__new__
+Pods = tuple[tuple[str, int, int, int], ...]  # a device's pods: (uid, lowest %, highest %, MiB)
+
+
+class Shares:
+    """A device's pods' own values in a step, worked out once for all their copies (a copy
+    each would make a device's work grow with the square of its pods)."""
+
+    __slots__ = ("_key", "_values", "pods")
+
+    def __init__(self, pods: Pods) -> None:
+        self.pods = pods
+        self._key: tuple[int, int | None, int | None] | None = None
+        self._values: tuple[list[int], list[int] | None] = ([], None)
+
+    def at(
+        self, step: int, used: int | None, util: int | None
+    ) -> tuple[list[int], list[int] | None]:
+        """Each pod's (MiB, %) in `step`, their sums within the device's `used` and `util`: a
+        share each, as NVML's per-process figures, which never add up to more than the device."""
+        key = (step, used, util)
+        if key != self._key:
+            utils = None
+            if util is not None:
+                drawn = [pod_percent(uid, lo, hi, step) for uid, lo, hi, _ in self.pods]
+                utils = apportion(drawn, min(util, 100))
+            self._key = key
+            self._values = (apportion([p[3] for p in self.pods], used or 0), utils)
+        return self._values
+
+
+def _only(fb: int | None, util: int | None) -> Reading:
+    """A Reading of FB_USED and GPU_UTIL alone: every other field's series left out."""
+    values: list[object] = [None] * _WIDTH
+    values[_FB], values[_UTIL] = fb, util
+    return _new(Reading, values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,28 +294,24 @@ class View:
     serves FB_USED and GPU_UTIL once for the device (no pod labels) and once per holder with
     that pod's own (its processes'), and every other field once per holder with the device's.
 
-    `own`: None for a copy of the other fields (without FB_USED and GPU_UTIL); else the device's
-    pods (uid, lowest %, highest %, MiB) and the index of the copy's pod among them, or -1 for
-    the device's own."""
+    `shares`: None for a copy of the other fields (without FB_USED and GPU_UTIL); else the
+    device's pods' values, and `k` the index of the copy's pod among them, -1 for the device's
+    own, or past them for a holder with no usage (no process of its own: 0)."""
 
-    own: tuple[tuple[tuple[str, int, int, int], ...], int] | None = None
+    shares: Shares | None = None
+    k: int = -1
 
     def of(self, r: Reading, step: int) -> Reading:
-        if self.own is None:
-            return r._replace(**_HIDE)
-        pods, k = self.own
-        if k < 0:
-            return _NONE._replace(fb_used=r.fb_used, gpu_util=r.gpu_util)
-        if k >= len(pods):  # a holder with no usage: no process of its own
-            return _NONE._replace(fb_used=0, gpu_util=None if r.gpu_util is None else 0)
-        # The pods' own in a step, their sum within the device's: a share of it each, as
-        # NVML's per-process figures, which never add up to more than the device.
-        used = apportion([p[3] for p in pods], r.fb_used or 0)[k]
-        util = None
-        if r.gpu_util is not None:
-            util = apportion([pod_percent(uid, lo, hi, step) for uid, lo, hi, _ in pods],
-                             min(r.gpu_util, 100))[k]  # fmt: skip
-        return _NONE._replace(fb_used=used, gpu_util=util)
+        if self.shares is None:
+            values = list(r)
+            values[_FB] = values[_UTIL] = None
+            return _new(Reading, values)
+        if self.k < 0:
+            return _only(r.fb_used, r.gpu_util)
+        if self.k >= len(self.shares.pods):
+            return _only(0, None if r.gpu_util is None else 0)
+        used, utils = self.shares.at(step, r.fb_used, r.gpu_util)
+        return _only(used[self.k], None if utils is None else utils[self.k])
 
 
 def apportion(values: Sequence[int], most: int) -> list[int]:
@@ -295,6 +327,9 @@ def apportion(values: Sequence[int], most: int) -> list[int]:
     return out
 
 
+_OTHERS = View()  # a holder's copy of every field but its own
+
+
 def process_copies(
     status: DeviceStatus, held: list[Held], a: Attribution
 ) -> list[tuple[Held, View]]:
@@ -303,8 +338,9 @@ def process_copies(
     pods = tuple((uid, u.utilization.min, u.utilization.max, u.fb_used)
                  for uid, u in sorted(status.pod_gpu_usage_status.items()))  # fmt: skip
     index = {p[0]: k for k, p in enumerate(pods)}
+    shares = Shares(pods)
     out: list[tuple[Held, View]] = [((None, holder(None, replace(a, free_pod_labels=False))),
-                                     View((pods, -1)))]  # fmt: skip
+                                     View(shares, -1))]  # fmt: skip
     for who, labels in held:
         if who is None:
             continue
@@ -312,5 +348,5 @@ def process_copies(
         own = (*_pod_labels(who, uid=True), *vgpu)
         # A pod's usage is under its uid, or where a file gave it none, its namespace/name.
         k = index.get(who.uid or f"{who.namespace}/{who.pod}", len(pods))
-        out.append(((who, own), View((pods, k))))
+        out.append(((who, own), View(shares, k)))
     return out
