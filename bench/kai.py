@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.faults import render
-from bench.many import ROOT, exporters, fetch, hold
+from bench.many import ROOT, baseline_tree, exporters, fetch, hold
 from bench.scale import load, machine, node_document, pct
 from status_updater import objects as rc
 from status_updater.state import ClusterState
@@ -260,11 +260,17 @@ def exporter(args: argparse.Namespace, work: Path) -> None:
           f"{time.monotonic() - started:.1f} s to {topology.stat().st_size / 2**20:.1f} MiB "
           "(not a figure)")  # fmt: skip
     target = node_name(args.nodes // 2)
-    figures: dict[str, dict[str, list[float]]] = {name: {} for name in EXPORTERS}
+    # Each configuration's tree and flags; with --baseline, the virtual GPUs' at that ref beside.
+    configs = {name: (ROOT, flags) for name, flags in EXPORTERS.items()}
+    if args.baseline:
+        tree = baseline_tree(args.baseline, work)
+        configs[f"4.8.4 virtual GPUs at {args.baseline}"] = (tree, EXPORTERS["4.8.4 virtual GPUs"])
+    figures: dict[str, dict[str, list[float]]] = {name: {} for name in configs}
     for _ in range(args.runs):
-        for name, flags in EXPORTERS.items():
+        for name, (tree, flags) in configs.items():
             put = figures[name].setdefault
-            with exporters(ROOT, topology, work, name.replace(" ", "-"), [flags]) as (proc,):
+            label = name.replace(" ", "-")
+            with exporters(tree, topology, work, label, [flags]) as (proc,):
                 put("start", []).append(proc.wait_ready(600))
                 put("rss", []).append(proc.rss())
                 status, body = fetch(f"{proc.url}/metrics/nodes/{target}")
@@ -301,6 +307,8 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--events", type=int, default=50, help="nodes a fraction pod is added on")
     p.add_argument("--hold", type=float, default=30.0, help="seconds of steps measured")
+    p.add_argument("--baseline", help="git ref: its exporter with virtual GPUs measured beside")
+    p.add_argument("--exporter-only", action="store_true", help="the exporter's figures alone")
     p.add_argument("--updater-child", choices=CONFIGS, help=argparse.SUPPRESS)
     p.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -311,7 +319,8 @@ def main() -> None:
         print(json.dumps(updater_child(args.nodes, args.gpus, fractions, args.events, args.trace)))
         return
     print(f"machine: {machine()}, load {load()}")
-    updater(args)
+    if not args.exporter_only:
+        updater(args)
     with tempfile.TemporaryDirectory(prefix="bench-kai-") as tmp:
         exporter(args, Path(tmp))
 
