@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from status_updater.claims import PodHolds
 from status_updater.devices import build_node
-from status_updater.dra import DYNAMIC
+from status_updater.dra import DYNAMIC, SHARES, shares_count
 from status_updater.objects import Obj, is_single_strategy, node_name
 from status_updater.placement import place_pods
 from topology import migparted
@@ -47,8 +47,9 @@ def reconcile_node(
         warnings += found
     single = is_single_strategy(node)
     dynamic = bool(node.get(DYNAMIC))
+    shares = shares_count(str(node.get(SHARES) or ""))
     result = place_pods(
-        node_name(node), devices, pods, warnings, single, previous, dynamic, holds or {}
+        node_name(node), devices, pods, warnings, single, previous, dynamic, holds or {}, shares
     )
     return result, warnings
 

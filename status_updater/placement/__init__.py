@@ -50,12 +50,14 @@ def place_pods(
     previous: NodeTopology | None = None,
     dynamic: bool = False,
     holds: PodHolds | None = None,
+    shares: int | None = None,
 ) -> NodeTopology:
     """The node with the devices its pods hold, and their simulated usage. `single`: the node
     is labelled with GFD's single strategy; `previous`: the node's last result, whose pods keep
     what they held there for as long as they live (older pods ending never moves them);
     `dynamic`: the node's DRA driver runs DynamicMIG (a claim's partition makes its instance);
-    `holds`: the devices the pods' DRA claims hold, by pod uid.
+    `holds`: the devices the pods' DRA claims hold, by pod uid; `shares`: N of the DRA driver's
+    `--consumable-shares N` on the node, where it has one.
 
     A pod that cannot be placed is reported and skipped; the others are placed regardless.
     """
@@ -64,7 +66,7 @@ def place_pods(
     kept = {uid: held for uid, held in held_devices(node, previous).items() if uid in live}
     replicas = {uid: held for uid, held in held_replicas(node, previous).items() if uid in live}
     board = Board(name, node, single, kept, replicas, named_holders(node, previous), dynamic,
-                  holds)  # fmt: skip
+                  holds, shares)  # fmt: skip
     # DRA pods place first: a device the scheduler allocated to a claim is the claim's, whoever
     # held it (one device, one holder). Then pods that held devices, then new pods, oldest first,
     # in what is left; KAI's fraction pods last, once every reservation pod holds its GPU.

@@ -43,9 +43,11 @@ class Board:
         named: Mapping[Device, AllocatedBy] | None = None,
         dynamic: bool = False,
         holds: PodHolds | None = None,
+        shares: int | None = None,
     ) -> None:
         self.name = name
         self.holds: PodHolds = holds or {}  # the pods' DRA devices, by pod uid (placement/dra)
+        self.shares = shares  # N of the DRA driver's --consumable-shares N; None: another mode
         self.dynamic = dynamic  # DRA's DynamicMIG: a claim's partition makes its instance
         self.node = node
         # The single strategy's `nvidia.com/gpu` is a MIG instance where the GPUs have them.

@@ -176,13 +176,6 @@ def _joins(
                             "not placed")  # fmt: skip
 
 
-def _shares_of(board: Board) -> int | None:
-    """N of the node's DRA driver's `--consumable-shares N`, where the board says it (the
-    `shares` a Board is given from the slim node's `dra.SHARES`); None otherwise."""
-    n = getattr(board, "shares", None)
-    return n if isinstance(n, int) else None
-
-
 def share_mib(
     fb_total: int, mine: list[dict[str, str]], sharing: int, shares: int | None
 ) -> int | None:
@@ -248,7 +241,7 @@ def place(board: Board, pod: Obj, warnings: list[TopologyError]) -> None:
         # Its allocations of the device, once each whichever containers use them.
         mine = list({_share(c): h for c, h in entries if c.share_id}.values())
         device = entries[0][0].device
-        share = share_mib(fb_total, mine, _sharing(board, device), _shares_of(board))
+        share = share_mib(fb_total, mine, _sharing(board, device), board.shares)
         usage[uid] = pod_usage(pod, obj, fb_total, warnings, share)
         before = status.dra_claims if status else ()
         claims_now = (*before, *(c for c, _ in entries))

@@ -348,6 +348,19 @@ def test_without_memory_each_holder_uses_its_part_of_the_device() -> None:
     assert {u.fb_used for u in gpu.pod_gpu_usage_status.values()} == {int(total // 3 * 0.9)}
 
 
+def test_shares_of_n_use_their_part_of_the_device_in_a_cluster() -> None:
+    """N mode (`4`): claims without a request consume no memory and one share each; each of
+    three uses 90 % of a quarter of the device, whatever how many share it."""
+    allocator = Allocator(slices("whole", "4"))
+    claims = [claim(i) for i in range(3)]
+    assert all(allocator.allocate_claim(c) for c in claims)
+    state = settled("whole", "4", [pod(i, age=i) for i in range(3)], claims)
+    gpu = result_of(state).gpus[0].status
+    assert gpu is not None and len(gpu.dra_claims) == 3
+    total = 81920
+    assert {u.fb_used for u in gpu.pod_gpu_usage_status.values()} == {int(total // 4 * 0.9)}
+
+
 def test_a_pod_s_annotation_still_sets_what_it_uses() -> None:
     allocator = Allocator(slices("whole", "memory"))
     claims = [claim(i, "10Gi") for i in range(2)]
