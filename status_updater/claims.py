@@ -69,6 +69,8 @@ def _count(text: object) -> int:
 
 
 ClaimKey = tuple[str, str]  # (namespace, name)
+# A device a claim's `status.devices` names: (pool, device, uuid, shareID or "").
+DeviceSaid = tuple[str, str, str, str]
 
 
 @dataclass(frozen=True)
@@ -77,9 +79,9 @@ class Claim:
     name: str
     allocations: tuple[Allocation, ...]  # none: not allocated, or no device of the driver
     reserved_for: frozenset[str]  # pod uids, and `name:<pod>` where a reference has no uid
-    # What its `status.devices` says of the driver's devices, (pool, device, uuid) each (what
-    # `--dra-claim-status` wrote): not what placement reads, so not compared.
-    devices_status: frozenset[tuple[str, str, str]] = field(default=frozenset(), compare=False)
+    # What its `status.devices` says of the driver's devices (what `--dra-claim-status` wrote):
+    # not what placement reads, so not compared.
+    devices_status: frozenset[DeviceSaid] = field(default=frozenset(), compare=False)
 
     @property
     def key(self) -> ClaimKey:
@@ -111,10 +113,11 @@ def read_claim(obj: Obj) -> Claim:
         if ref.get("resource", "pods") == "pods":
             reserved.add(str(ref["uid"]) if ref.get("uid") else f"name:{ref.get('name')}")
     written = frozenset(
-        (str(d.get("pool", "")), str(d.get("device", "")), str(strings(d.get("data")).get("uuid")))
+        (str(d.get("pool", "")), str(d.get("device", "")), str(strings(d.get("data")).get("uuid")),
+         str(d.get("shareID") or ""))
         for d in _list(status.get("devices"))
         if d.get("driver") == dra.DRIVER
-    )
+    )  # fmt: skip
     return Claim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""), found,
                  frozenset(reserved), written)  # fmt: skip
 

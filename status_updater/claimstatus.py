@@ -28,19 +28,20 @@ from kubernetes.client.exceptions import ApiException
 
 from common.text import some_of
 from kube.api import PASS_S, REQUEST_TIMEOUT, describe, usable_version
-from status_updater.claims import ClaimKey
+from status_updater.claims import ClaimKey, DeviceSaid
 from status_updater.dra import SELECTED
 from status_updater.state import ClusterState
 from topology import dra
 from topology.model import DeviceStatus, NodeTopology
 
 log = logging.getLogger(__name__)
-Said = frozenset[tuple[str, str, str]]  # (pool, device, uuid)
+Said = frozenset[DeviceSaid]  # (pool, device, uuid, shareID or "")
 
 
-def held(state: ClusterState, node: str) -> dict[ClaimKey, set[tuple[str, str, str]]]:
-    """Per claim, the devices it holds on `node` if DRA selects it, with their uuids."""
-    out: dict[ClaimKey, set[tuple[str, str, str]]] = {}
+def held(state: ClusterState, node: str) -> dict[ClaimKey, set[DeviceSaid]]:
+    """Per claim, the devices it holds on `node` if DRA selects it, with their uuids (and the
+    share of each, where it is one of several claims sharing it)."""
+    out: dict[ClaimKey, set[DeviceSaid]] = {}
     result, slim = state.results.get(node), state.nodes.get(node)
     if not isinstance(result, NodeTopology) or slim is None or not slim.get(SELECTED):
         return out
@@ -50,7 +51,7 @@ def held(state: ClusterState, node: str) -> dict[ClaimKey, set[tuple[str, str, s
         for status, uuid in devices:
             for c in status.dra_claims if status and uuid else ():
                 out.setdefault((c.claim_namespace, c.claim), set()).add(
-                    (c.pool, c.device, str(uuid))
+                    (c.pool, c.device, str(uuid), c.share_id)
                 )
     return out
 
@@ -59,15 +60,19 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _entry(pool: str, device: str, uuid: str, before: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A device's status entry; its Ready condition keeps the time it became so."""
+def _entry(
+    pool: str, device: str, uuid: str, share: str, before: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """A device's status entry; its Ready condition keeps the time it became so. A shared
+    device's names its share: the API requires the allocation's shareID on it."""
     since = None
     for c in (before or {}).get("conditions") or ():
         if isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True":
             since = c.get("lastTransitionTime")
     ready = {"type": "Ready", "status": "True", "reason": "Prepared",
              "message": "prepared by the simulated driver", "lastTransitionTime": since or _now()}  # fmt: skip
-    return {"driver": dra.DRIVER, "pool": pool, "device": device, "conditions": [ready],
+    return {"driver": dra.DRIVER, "pool": pool, "device": device,
+            **({"shareID": share} if share else {}), "conditions": [ready],
             "data": {"uuid": uuid}}  # fmt: skip
 
 
@@ -82,7 +87,7 @@ class ClaimStatusWriter:
         self._written: dict[ClaimKey, Said] = {}  # what each claim was last written, until a resync
         # The claims each node's devices hold (nodes holding none left out): made again for the
         # nodes whose placement changed, not for every node at every pass.
-        self._by_node: dict[str, dict[ClaimKey, set[tuple[str, str, str]]]] = {}
+        self._by_node: dict[str, dict[ClaimKey, set[DeviceSaid]]] = {}
         self._said: dict[ClaimKey, str] = {}  # the problem last said about a claim
         self._wrote: list[str] = []
         # A pass writes for at most `pass_s` (at least one claim), as the other writers: the
@@ -99,7 +104,7 @@ class ClaimStatusWriter:
                 self._by_node[node] = found
             else:
                 self._by_node.pop(node, None)
-        gathered: dict[ClaimKey, set[tuple[str, str, str]]] = {}
+        gathered: dict[ClaimKey, set[DeviceSaid]] = {}
         for found in self._by_node.values():
             for key, devices in found.items():
                 gathered.setdefault(key, set()).update(devices)
@@ -133,10 +138,10 @@ class ClaimStatusWriter:
             claim = json.loads(cast(Any, response).data)
             status = claim.get("status") if isinstance(claim.get("status"), Mapping) else {}
             current = [d for d in status.get("devices") or () if isinstance(d, Mapping)]
-            ours = {(d.get("pool"), d.get("device")): d for d in current
+            ours = {(d.get("pool"), d.get("device"), d.get("shareID") or ""): d for d in current
                     if d.get("driver") == dra.DRIVER}  # fmt: skip
             devices = [d for d in current if d.get("driver") != dra.DRIVER]
-            devices += [_entry(p, d, u, ours.get((p, d))) for p, d, u in sorted(want)]
+            devices += [_entry(p, d, u, s, ours.get((p, d, s))) for p, d, u, s in sorted(want)]
             version = usable_version((claim.get("metadata") or {}).get("resourceVersion"))
             meta = {"resourceVersion": version} if version else {}
             self.api.patch_namespaced_resource_claim_status(

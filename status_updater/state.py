@@ -87,7 +87,7 @@ class ClusterState:
         self._own: dict[str, frozenset[str]] = {}
         self.claims: dict[dra_claims.ClaimKey, dra_claims.Claim] = {}  # allocated DRA claims
         # What claims' `status.devices` say of the driver's devices (`Claim.devices_status`).
-        self.claims_status: dict[dra_claims.ClaimKey, frozenset[tuple[str, str, str]]] = {}
+        self.claims_status: dict[dra_claims.ClaimKey, frozenset[dra_claims.DeviceSaid]] = {}
         self._claim_users: dict[dra_claims.ClaimKey, set[str]] = {}  # -> keys of pods using it
         self._strategies: Counter[str | None] = Counter()
         self._rebuild: set[str] = set()  # Node changed: devices and allocations

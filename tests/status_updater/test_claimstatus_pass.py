@@ -44,7 +44,7 @@ class State:
     """What the writer reads of the cluster's state: the nodes and what claims' status says."""
 
     results: dict[str, Any]
-    claims_status: dict[tuple[str, str], frozenset[tuple[str, str, str]]] = field(
+    claims_status: dict[tuple[str, str], frozenset[tuple[str, str, str, str]]] = field(
         default_factory=dict
     )
 
@@ -53,7 +53,7 @@ class State:
 def test_a_pass_of_many_claims_ends_in_time_and_the_rest_follows(
     monkeypatch: pytest.MonkeyPatch, claims: int
 ) -> None:
-    wanted = {("ns", f"c{i:02d}"): {("pool", f"gpu-{i}", f"GPU-{i}")} for i in range(claims)}
+    wanted = {("ns", f"c{i:02d}"): {("pool", f"gpu-{i}", f"GPU-{i}", "")} for i in range(claims)}
     monkeypatch.setattr(claimstatus, "held", lambda state, node: wanted)
     api = SlowResource()
     writer = ClaimStatusWriter(api)  # type: ignore[arg-type]
@@ -65,8 +65,8 @@ def test_a_pass_of_many_claims_ends_in_time_and_the_rest_follows(
         writer.sync(state, {"node"}, full=passes == 0)  # type: ignore[arg-type]
         assert 1 <= api.writes - before <= 0.05 / api.delay + 1
         for key, devices in api.statuses.items():  # what the claims' watch shows
-            state.claims_status[key] = frozenset((d["pool"], d["device"], d["data"]["uuid"])
-                                                 for d in devices)  # fmt: skip
+            state.claims_status[key] = frozenset(
+                (d["pool"], d["device"], d["data"]["uuid"], d.get("shareID", "")) for d in devices)  # fmt: skip
         if not writer.left:
             break
         passes += 1

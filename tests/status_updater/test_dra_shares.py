@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from exporter import dcgm
 from exporter.generations import FIRST_WITH_DRA
+from status_updater import claimstatus
 from status_updater.claims import holds, read_claim
 from status_updater.devices import build_node
 from status_updater.dra import DraOptions, node_slimmer
@@ -656,3 +657,25 @@ def test_every_holder_is_counted_once_per_container() -> None:
     assert Counter(c.holder.pod for c in status.dra_claims) == {"p0": 2, "p1": 1}
     assert isinstance(status.dra_claims[0], DraClaim)
     assert copy.deepcopy(placed) == placed
+
+
+def test_the_claims_status_names_each_share_as_the_api_requires() -> None:
+    """--dra-claim-status: a shared device's `status.devices` entry carries its allocation's
+    shareID (the API refuses one that does not match), one entry per share; a device held
+    alone has none."""
+    pods, claims = shared_whole_gpu()
+    state = settled("whole", "memory", pods, claims)
+    said = claimstatus.held(state, "n")
+    allocated = {(c["metadata"]["namespace"], c["metadata"]["name"]): {
+        r["shareID"] for r in c["status"]["allocation"]["devices"]["results"]} for c in claims}  # fmt: skip
+    assert said and {key: {s for *_, s in found} for key, found in said.items()} == allocated
+    for found in said.values():
+        for pool, device, uuid, share in found:
+            entry = claimstatus._entry(pool, device, uuid, share, None)
+            assert entry["shareID"] == share and entry["device"] == device
+    # Read back from the claim, what was written compares equal: nothing is written again.
+    for c in claims:
+        key = (c["metadata"]["namespace"], c["metadata"]["name"])
+        c["status"]["devices"] = [claimstatus._entry(*d, None) for d in sorted(said[key])]
+        assert read_claim(c).devices_status == frozenset(said[key])
+    assert "shareID" not in claimstatus._entry("n", "gpu-0", "GPU-1", "", None)
