@@ -9,10 +9,8 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY common/ common/
-COPY kube/ kube/
+COPY mig_exporter/ mig_exporter/
 COPY topology/ topology/
-COPY web/ web/
 COPY status_updater/ status_updater/
 COPY exporter/ exporter/
 # pip byte-compiles everything it installs: the pods run with a read-only root

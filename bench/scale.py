@@ -16,7 +16,7 @@ by a Running pod (5,000 nodes: 160,000 pods). One run prints one line per figure
    max. Beside it the whole-cluster path for one event (median of --runs).
 3. the size of one fully allocated node's `topology.yml`, and of the whole-cluster document.
 4. updater memory, in a fresh subprocess: realistic Node and Pod JSON (managedFields, status,
-   last-applied-configuration, ...) listed in pages of 500 through `kube.api.list_all` exactly as
+   last-applied-configuration, ...) listed in pages of 500 through `mig_exporter.kube.api.list_all` exactly as
    the controller lists them (slimmed as each page arrives), settled, every document made; VmRSS
    after gc and the peak (VmHWM). Then again with the raw objects kept, as a cache of whole
    objects would. The same subprocess times that realistic initial sync (JSON parsing included).
@@ -60,7 +60,8 @@ from prometheus_client.core import GaugeMetricFamily
 
 from exporter import dcgm
 from exporter.many import NodesExporter
-from kube.api import list_all
+from mig_exporter.kube.api import list_all
+from mig_exporter.web.server import MetricsServer, Published
 from status_updater import objects as rc
 from status_updater.pernode import CONFIGMAP_LIMIT, digest
 from status_updater.reconcile import document
@@ -69,7 +70,6 @@ from status_updater.usage import ANNOTATION_FB_USED
 from tests.support.oracle import families
 from topology import configmap as contract
 from topology.model import NodeTopology, Topology, dump_yaml
-from web.server import MetricsServer, Published
 
 LAYOUT = {0: "2g.10gb", 4: "1g.5gb", 5: "1g.5gb", 6: "1g.5gb"}  # 4 instances per GPU
 NAMESPACE = "gpu-operator"

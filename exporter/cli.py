@@ -14,21 +14,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from common.podlabels import Allowlist
-from common.process import CLUSTER_ENVIRONMENT, env_switch, not_utf8
 from exporter import dcgm, generations, nvml
 from exporter.collector import DEFAULT_INTERVAL_MS
 from exporter.fields import CountersError, read_counters
 from exporter.runtime import Runtime
 from exporter.shards import Shard, ordinal
 from exporter.wiring import EXIT_USAGE, Autoshard, Settings, _once, serve
-from kube import names
-from kube.api import port
+from mig_exporter.common.podlabels import Allowlist
+from mig_exporter.common.process import CLUSTER_ENVIRONMENT, env_switch, not_utf8
+from mig_exporter.kube import names
+from mig_exporter.kube.api import port
+from mig_exporter.web.config import WebConfigError
+from mig_exporter.web.server import EVERY_ADDRESS
 from topology import dra
 from topology.errors import TopologyError
 from topology.settings import add_layout_argument, topology_name, topology_namespace
-from web.config import WebConfigError
-from web.server import EVERY_ADDRESS
 
 log = logging.getLogger("exporter")
 # Every variable the exporter reads: one that is not UTF-8 is refused at the start.

@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable
 from types import ModuleType
 
-from common import selfmetrics
 from exporter import dcgm, nvml
 from exporter.health import Health
 from exporter.loop import RenderLoop
 from exporter.node import KEY, OneNode
+from mig_exporter.common import selfmetrics
+from mig_exporter.web.server import Published, Snapshot
 from topology.model import NodeTopology
-from web.server import Published, Snapshot
 
 log = logging.getLogger("exporter")
 DEFAULT_INTERVAL_MS = 30_000  # dcgm-exporter's default collect interval

@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from common.podlabels import Allowlist
 from exporter import readings
 from exporter.fields import (
     EMPTY,
@@ -57,6 +56,7 @@ from exporter.series import (
     in_output_order,
 )
 from exporter.xid import xid_text
+from mig_exporter.common.podlabels import Allowlist
 from topology import dra, faults
 from topology.catalog import GpuModel, model_for_product, nvml_model_name
 from topology.model import Gpu, MigDevice, NodeTopology

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.files import UnreadableFile, read_text
 from exporter.readings import Reading
+from mig_exporter.common.files import UnreadableFile, read_text
 
 log = logging.getLogger("exporter")
 

@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Mapping
 
-from common.selfmetrics import InvalidObjects, kind_of
+from mig_exporter.common.selfmetrics import InvalidObjects, kind_of
 from topology.errors import TopologyError
 
 log = logging.getLogger("exporter")

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from exporter import dcgm
 from exporter.health import Health
-from web.server import Published, Snapshot
+from mig_exporter.web.server import Published, Snapshot
 
 WATCHDOG_S = 1.0  # how often a sleeping render loop checks that its sources still run
 SETTLE_S = 60.0  # the collector runs again after this long, even with nothing ready to serve

@@ -33,9 +33,9 @@ from exporter.health import Health
 from exporter.loop import RenderLoop
 from exporter.node import node_of
 from exporter.shards import Shard
+from mig_exporter.web.server import Published, Snapshot
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
-from web.server import Published, Snapshot
 
 log = logging.getLogger("exporter")
 _START = "start"

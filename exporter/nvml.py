@@ -27,11 +27,11 @@ from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
-from common.text import one_line
 from exporter import dcgm
 from exporter.fields import canonical
 from exporter.readings import Reading
 from exporter.series import InstanceSeries, Labels, Subject, gpu_subjects, in_output_order
+from mig_exporter.common.text import one_line
 from topology.model import NodeTopology
 
 MIB = 1 << 20

@@ -20,7 +20,7 @@ import threading
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
-from common import selfmetrics
+from mig_exporter.common import selfmetrics
 
 CODES = ("200", "500", "503")  # what promhttp's InstrumentMetricHandler pre-initialises
 

@@ -22,9 +22,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from common.podlabels import Allowlist, placed
 from exporter.fields import EMPTY, GPU, MIG
 from exporter.readings import Reading, pod_percent
+from mig_exporter.common.podlabels import Allowlist, placed
 from topology import dra
 from topology.model import AllocatedBy, DeviceStatus, DraClaim
 

@@ -14,8 +14,8 @@ from exporter import dcgm
 from exporter.health import Health
 from exporter.many import ServedNodes
 from exporter.node import KEY, OneNode
+from mig_exporter.web.server import Published
 from topology.model import NodeTopology
-from web.server import Published
 
 
 class Exporter(ServedNodes):

@@ -12,7 +12,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from common import selfmetrics
+from mig_exporter.common import selfmetrics
 
 _ORDINAL = re.compile(r"-([0-9]{1,6})$")
 

@@ -18,10 +18,10 @@ from typing import Any, Protocol, cast
 
 import kubernetes
 
-from common.files import UnreadableFile, read_text
 from exporter.many import NodesExporter
 from exporter.shards import Shard, ordinal
-from kube.api import (
+from mig_exporter.common.files import UnreadableFile, read_text
+from mig_exporter.kube.api import (
     REQUEST_TIMEOUT,
     Backoff,
     Obj,

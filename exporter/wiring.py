@@ -30,11 +30,11 @@ from exporter.sources import (
     read_topology_file,
     watch_own_statefulset,
 )
+from mig_exporter.web.config import load
+from mig_exporter.web.listen import host_port
+from mig_exporter.web.server import MetricsServer, Published
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
-from web.config import load
-from web.listen import host_port
-from web.server import MetricsServer, Published
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 log = logging.getLogger("exporter")
@@ -193,7 +193,7 @@ def _sources(
         return [file_source(settings.topology_file, sink, stop)]
     if settings.mode == "nvml" and not settings.watch_topology:
         return []
-    from kube.api import ConfigError, api_client
+    from mig_exporter.kube.api import ConfigError, api_client
 
     try:
         client = api_client(settings.kubeconfig)

@@ -7,7 +7,9 @@ repository root, regenerate it with either of
     python grafana/dashboard.py
 
 (`grafana-foundation-sdk` comes with the test extras), and commit both files:
-tests/deploy/test_dashboard.py fails while they disagree.
+tests/deploy/test_dashboard.py fails while they disagree. tests/grafana/test_dashboard_schema.py
+holds the JSON to Grafana's own schema (`@grafana/schema` under `tsc --strict`: no key Grafana
+does not know), and tests/deploy/test_promql.py parses every query with `promql-parser`.
 
 Import it in Grafana with Dashboards > New > Import > Upload dashboard JSON file, or provision the
 file from a ConfigMap. Pick the Prometheus data source in the `datasource` variable; every panel and
@@ -47,11 +49,13 @@ from grafana_foundation_sdk.builders import prometheus, table, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models.dashboard import (
+    Dashboard,
     DashboardCursorSync,
     DataSourceRef,
     DataTransformerConfig,
     VariableRefresh,
     VariableSort,
+    VariableType,
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
@@ -466,8 +470,20 @@ def build() -> dict[str, Any]:
     builder = builder.with_row(dashboard_builders.Row("Health").id(row).collapsed(False))
     for number, panel in enumerate(_health_panels(), start=row + 1):
         builder = builder.with_panel(panel.id(number))
-    model: dict[str, Any] = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
+    built = without_interval_settings(builder.build())
+    model: dict[str, Any] = json.loads(json.dumps(built, cls=JSONEncoder))
     return model
+
+
+def without_interval_settings(built: Dashboard) -> Dashboard:
+    """The dashboard without the defaults the SDK writes for `auto`, `auto_min` and
+    `auto_count` on every variable: they are an interval variable's "Auto" option, Grafana's
+    schema (`@grafana/schema`) has no such keys on the others
+    (tests/grafana/test_dashboard_schema.py)."""
+    for variable in built.templating.list_val or []:
+        if variable.type_val != VariableType.INTERVAL:
+            variable.auto = variable.auto_min = variable.auto_count = None
+    return built
 
 
 def render(model: dict[str, Any]) -> str:

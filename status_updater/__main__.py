@@ -1,4 +1,4 @@
-from common.process import exit_now
+from mig_exporter.common.process import exit_now
 from status_updater.cli import main
 
 exit_now(main())

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.quantity import mib, parse
+from mig_exporter.common.quantity import mib, parse
 from status_updater.objects import DRA_REFS, Obj, metadata, names, pod_uid, strings
 from topology import dra
 

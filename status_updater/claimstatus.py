@@ -26,8 +26,8 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from common.text import some_of
-from kube.api import PASS_S, REQUEST_TIMEOUT, describe, usable_version
+from mig_exporter.common.text import some_of
+from mig_exporter.kube.api import PASS_S, REQUEST_TIMEOUT, describe, usable_version
 from status_updater.claims import ClaimKey, DeviceSaid
 from status_updater.dra import SELECTED
 from status_updater.state import ClusterState

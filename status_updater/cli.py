@@ -13,12 +13,13 @@ from typing import Any, TextIO
 
 import yaml
 
-from common.files import UnreadableFile, read_text
-from common.podlabels import Allowlist
-from common.process import CLUSTER_ENVIRONMENT, env_switch, not_utf8
-from common.yamlload import SafeDumper
-from kube import names
-from kube.api import BURST, QPS, Pace, port
+from mig_exporter.common.files import UnreadableFile, read_text
+from mig_exporter.common.podlabels import Allowlist
+from mig_exporter.common.process import CLUSTER_ENVIRONMENT, env_switch, not_utf8
+from mig_exporter.common.yamlload import SafeDumper
+from mig_exporter.kube import names
+from mig_exporter.kube.api import BURST, QPS, Pace, port
+from mig_exporter.web.server import EVERY_ADDRESS
 from status_updater import faults
 from status_updater.dra import (
     DISABLED,
@@ -39,7 +40,6 @@ from topology import migparted, yamltext
 from topology.errors import TopologyError
 from topology.model import NodeTopology, dump_yaml, parse_time
 from topology.settings import add_layout_argument, topology_name, topology_namespace
-from web.server import EVERY_ADDRESS
 
 EXIT_OK, EXIT_USAGE = 0, 2
 # Every variable the updater reads: one that is not UTF-8 is refused at the start.

@@ -24,9 +24,9 @@ from typing import Any, Protocol
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from common.podlabels import Allowlist
-from common.selfmetrics import InvalidObjects, kind_of
-from kube.api import REQUEST_TIMEOUT, Backoff, Obj, Said, describe, list_watch
+from mig_exporter.common.podlabels import Allowlist
+from mig_exporter.common.selfmetrics import InvalidObjects, kind_of
+from mig_exporter.kube.api import REQUEST_TIMEOUT, Backoff, Obj, Said, describe, list_watch
 from status_updater import faults, kainodes
 from status_updater.claims import read_claim
 from status_updater.dra import DraOptions, node_slimmer
@@ -54,7 +54,7 @@ UNSERVED = {
 
 class Statused:
     """A list call that keeps the HTTP status of its last failure (None: it answered, or failed
-    without one). `kube.api.list_watch` hands its `on_error` a message only; what an informer does
+    without one). `mig_exporter.kube.api.list_watch` hands its `on_error` a message only; what an informer does
     about a failure is chosen by this status, never by the message's text. The informer's own
     thread calls it and then its `on_error`: nothing else reads or writes it."""
 

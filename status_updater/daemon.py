@@ -10,9 +10,11 @@ import time
 
 import kubernetes
 
-from common import selfmetrics
-from common.podlabels import Allowlist
-from kube.api import ConfigError, Pace, api_client, paced
+from mig_exporter.common import selfmetrics
+from mig_exporter.common.podlabels import Allowlist
+from mig_exporter.kube.api import ConfigError, Pace, api_client, paced
+from mig_exporter.web.listen import host_port
+from mig_exporter.web.server import MetricsServer, Published, Snapshot
 from status_updater.claimstatus import ClaimStatusWriter
 from status_updater.controller import Controller, Writer
 from status_updater.dra import DraOptions
@@ -21,8 +23,6 @@ from status_updater.pernode import PerNodeWriter
 from status_updater.single import SingleWriter
 from status_updater.slicewriter import SliceWriter, WithSlices
 from topology.settings import topology_name, topology_namespace
-from web.listen import host_port
-from web.server import MetricsServer, Published, Snapshot
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
 WATCHDOG_S = 1.0  # how often the main thread checks that every loop still runs

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from common.process import env_switch
-from kube import names, selectors
+from mig_exporter.common.process import env_switch
+from mig_exporter.kube import names, selectors
 from status_updater.objects import Obj, metadata, slim_node, strings
 
 SPLIT, COMBINED = "split", "combined"  # the driver's layouts from Kubernetes 1.35, and on 1.34

@@ -27,9 +27,9 @@ from typing import Any
 
 import yaml
 
-from common.text import kind_of, one_line
-from common.yamlload import load_document
-from kube import selectors
+from mig_exporter.common.text import kind_of, one_line
+from mig_exporter.common.yamlload import load_document
+from mig_exporter.kube import selectors
 from status_updater.objects import Obj, metadata, node_name, strings
 from topology import faults as catalog
 from topology.errors import TopologyError

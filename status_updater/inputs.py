@@ -8,9 +8,9 @@ from typing import Any
 
 import yaml
 
-from common.files import UnreadableFile, read_text
-from common.text import kind_of, one_line
-from common.yamlload import load_documents, load_json
+from mig_exporter.common.files import UnreadableFile, read_text
+from mig_exporter.common.text import kind_of, one_line
+from mig_exporter.common.yamlload import load_documents, load_json
 
 SUFFIXES = (".yaml", ".yml", ".json")
 # A cluster's whole `kubectl get pods -A -o yaml` fits many times over; /dev/zero or a FIFO given

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from kube import selectors
+from mig_exporter.kube import selectors
 from status_updater.objects import Obj, metadata, names, strings
 from topology import kai
 from topology.model import NodeTopology

@@ -17,8 +17,8 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from kube.api import TRANSIENT, Said, describe, failure_kind, usable_version
-from kube.times import parse_time
+from mig_exporter.kube.api import TRANSIENT, Said, describe, failure_kind, usable_version
+from mig_exporter.kube.times import parse_time
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from common.podlabels import Allowlist
-from kube.times import timestamp
+from mig_exporter.common.podlabels import Allowlist
+from mig_exporter.kube.times import timestamp
 from status_updater import usage
 from topology import dra, faults, kai, migparted, runai
 from topology.catalog import MIG_SUFFIX

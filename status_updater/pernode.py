@@ -24,8 +24,8 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from common.text import some_of
-from kube.api import (
+from mig_exporter.common.text import some_of
+from mig_exporter.kube.api import (
     PASS_S,
     REQUEST_TIMEOUT,
     Obj,
@@ -34,7 +34,7 @@ from kube.api import (
     queued_watch,
     usable_version,
 )
-from kube.configmaps import Seen, create_or_patch
+from mig_exporter.kube.configmaps import Seen, create_or_patch
 from status_updater.reconcile import document
 from status_updater.state import ClusterState, Unreadable
 from topology import configmap as contract
@@ -252,7 +252,7 @@ class PerNodeWriter:
     def _write(
         self, node: str, name: str, desired: _Desired, uid: str | None, current: Observed | None
     ) -> None:
-        """Create, or merge-patch at the version seen (kube.configmaps). A 409 or 404 reads it
+        """Create, or merge-patch at the version seen (mig_exporter.kube.configmaps). A 409 or 404 reads it
         again: done if it holds what is wanted, never touched if it is not the updater's."""
         body = contract.node_configmap(node, desired.text, self.namespace, uid)
         meta = {k: v for k, v in body["metadata"].items() if k not in ("name", "namespace")}

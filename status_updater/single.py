@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from kube.api import REQUEST_TIMEOUT, usable_version
-from kube.configmaps import Seen, create_or_patch
+from mig_exporter.kube.api import REQUEST_TIMEOUT, usable_version
+from mig_exporter.kube.configmaps import Seen, create_or_patch
 from status_updater.state import ClusterState
 from topology import configmap as contract
 from topology.errors import TopologyError
@@ -86,7 +86,7 @@ class SingleWriter:
             return True, None, version
 
     def write(self, topology: Topology, read: Read | None = None) -> None:
-        """Create or merge-patch (never PUT) the ConfigMap at the version read (kube.configmaps);
+        """Create or merge-patch (never PUT) the ConfigMap at the version read (mig_exporter.kube.configmaps);
         a 409 or 404 reads it again and applies again.
 
         `read` is a `read_current()` the caller has just made, used for the first attempt.

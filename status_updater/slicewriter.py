@@ -28,8 +28,8 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from common.text import some_of
-from kube.api import (
+from mig_exporter.common.text import some_of
+from mig_exporter.kube.api import (
     PASS_S,
     REQUEST_TIMEOUT,
     Obj,

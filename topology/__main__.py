@@ -12,9 +12,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from common.files import UnreadableFile, read_text
-from common.process import not_utf8
-from common.text import one_line
+from mig_exporter.common.files import UnreadableFile, read_text
+from mig_exporter.common.process import not_utf8
+from mig_exporter.common.text import one_line
 from topology.configmap import parse_document
 from topology.errors import TopologyError
 from topology.show import picture

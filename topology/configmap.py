@@ -25,9 +25,9 @@ from typing import Any
 
 import yaml
 
-from common import blockyaml
-from common.text import one_line
-from common.yamlload import load_document
+from mig_exporter.common import blockyaml
+from mig_exporter.common.text import one_line
+from mig_exporter.common.yamlload import load_document
 from topology.errors import TopologyError
 from topology.model import Topology, from_dict
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.text import printable
+from mig_exporter.common.text import printable
 
 
 class TopologyError(ValueError):

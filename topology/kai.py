@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-from common import quantity
+from mig_exporter.common import quantity
 from topology.errors import TopologyError
 
 GROUP = "runai-gpu-group"

@@ -30,8 +30,8 @@ from typing import TypeVar
 
 import yaml
 
-from common.text import kind_of, one_line
-from common.yamlload import load_document
+from mig_exporter.common.text import kind_of, one_line
+from mig_exporter.common.yamlload import load_document
 from topology.catalog import MODELS, GpuModel, Profile, balanced
 from topology.errors import TopologyError
 

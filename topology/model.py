@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from common.text import kind_of, one_line
-from common.yamlload import load_document
+from mig_exporter.common.text import kind_of, one_line
+from mig_exporter.common.yamlload import load_document
 from topology import yamltext
 from topology.errors import TopologyError
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from common.text import one_line
-from common.yamlload import load_document, load_json
+from mig_exporter.common.text import one_line
+from mig_exporter.common.yamlload import load_document, load_json
 from topology import migparted
 from topology.catalog import base_product
 from topology.errors import TopologyError

@@ -9,8 +9,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common import blockyaml
-from common.yamlload import SafeLoader, load_document
+from mig_exporter.common import blockyaml
+from mig_exporter.common.yamlload import SafeLoader, load_document
 from tests.support.base import SAMPLES
 from tests.topology.test_topology_model import edited, topologies
 from topology.model import Topology, dump_yaml

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.files import UnreadableFile, read_text
-from common.process import not_utf8
-from common.selfmetrics import InvalidObjects, kind_of
-from common.yamlload import _expands_beyond, load_document, load_documents, load_json
+from mig_exporter.common.files import UnreadableFile, read_text
+from mig_exporter.common.process import not_utf8
+from mig_exporter.common.selfmetrics import InvalidObjects, kind_of
+from mig_exporter.common.yamlload import _expands_beyond, load_document, load_documents, load_json
 
 BAD = os.fsdecode(b"caf\xe9")  # as Python hands over an argument that is not UTF-8
 

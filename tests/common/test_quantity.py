@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.quantity import mib, parse
+from mig_exporter.common.quantity import mib, parse
 
 
 @pytest.mark.parametrize(

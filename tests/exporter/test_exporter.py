@@ -13,6 +13,7 @@ from freezegun import freeze_time
 
 from exporter import dcgm
 from exporter.service import Exporter
+from mig_exporter.web.server import IOV_MAX, Published, Snapshot, send_all
 from tests.support.base import SAMPLES
 from tests.support.promtext import by_name, parse
 from topology.model import (
@@ -25,7 +26,6 @@ from topology.model import (
     Utilization,
     load_yaml,
 )
-from web.server import IOV_MAX, Published, Snapshot, send_all
 
 MIG = load_yaml(
     yaml.safe_load((SAMPLES / "topology" / "a100-40gb-active.yaml").read_text())["data"][

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from exporter import dcgm
 from exporter.many import NodesExporter
 from exporter.readings import BOOT_EPOCH_S, EnergyMeter
+from mig_exporter.web.server import Published
 from tests.exporter.test_exporter import MIG, whole_gpu
 from tests.support.base import examples
 from tests.support.promtext import parse
 from topology.model import Topology
-from web.server import Published
 
 ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
 START = BOOT_EPOCH_S + 400 * 86_400.0

@@ -25,7 +25,8 @@ from exporter import dcgm, sources
 from exporter.many import NodesExporter
 from exporter.shards import Shard, shard_of
 from exporter.sources import watch_node_configmaps, watch_selected_nodes
-from kube import api
+from mig_exporter.kube import api
+from mig_exporter.web.server import Published
 from tests.exporter.test_exporter import MIG
 from tests.exporter.test_serve import restore_signals, serve  # noqa: F401 (restore_signals: autouse here too)
 from tests.pipeline.test_cli import get
@@ -33,7 +34,6 @@ from tests.support.kubeapi import KubeAPI, eventually
 from tests.support.promtext import parse
 from topology.configmap import node_configmap
 from topology.model import Topology, dump_yaml
-from web.server import Published
 
 NS = "gpu-operator"
 (NODE,) = MIG.nodes

@@ -35,6 +35,7 @@ from exporter.fields import FIELDS, GPU, MIG, Counters, canonical, parse_counter
 from exporter.generations import DEFAULT, G483, GENERATIONS, Generation
 from exporter.many import NodesExporter
 from exporter.readings import HEALTH_FIELDS, Reading
+from mig_exporter.web.server import Published
 from tests.support.base import examples, run_cli
 from tests.support.fakenvml import FakeNvml, h100_mixed, without_mig
 from tests.support.promtext import Series, duplicates, parse, promtool_findings
@@ -53,7 +54,6 @@ from topology.model import (
     Topology,
     Utilization,
 )
-from web.server import Published
 
 PRODUCT = "NVIDIA-A100-SXM4-40GB"
 _MODEL = model_for_product(PRODUCT)

@@ -16,13 +16,13 @@ import yaml
 from exporter import dcgm, sources
 from exporter.many import NodesExporter
 from exporter.service import Exporter
+from mig_exporter.web.server import Published
 from tests.exporter.test_exporter import MIG
 from tests.exporter.test_exporter_health import Reads
 from tests.exporter.test_many import doc
 from tests.support.kubeapi import eventually
 from topology.configmap import node_configmap
 from topology.model import dump_yaml
-from web.server import Published
 
 OPTIONS = dcgm.Options("h", "535.104.05")
 

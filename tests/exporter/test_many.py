@@ -18,12 +18,12 @@ from exporter import loop as loop_module
 from exporter import many as many_module
 from exporter.fields import Counters, parse_counters
 from exporter.many import NodesExporter
+from mig_exporter.web.server import Published
 from tests.exporter.test_exporter import MIG, whole_gpu
 from tests.support.kubeapi import eventually
 from tests.support.promtext import parse
 from topology.errors import TopologyError
 from topology.model import MigDevice, Topology
-from web.server import Published
 
 MIG_NODE = next(iter(MIG.nodes))
 

@@ -32,6 +32,7 @@ from exporter.cli import parser
 from exporter.collector import NvmlExporter
 from exporter.fields import parse_counters
 from exporter.generations import G483
+from mig_exporter.web.server import MetricsServer, Published
 from status_updater.state import reconcile
 from tests.live.test_live import running
 from tests.pipeline.test_cli import free_port, get
@@ -54,7 +55,6 @@ from topology.catalog import model_for_product
 from topology.configmap import parse_document
 from topology.errors import TopologyError
 from topology.model import Topology
-from web.server import MetricsServer, Published
 
 FAKENVML = ["-m", "tests.support.fakenvml"]  # run from the repository root
 SAMPLE_NODE = "qa-mig-worker-gpu-a100"

@@ -14,11 +14,11 @@ from exporter import cli, dcgm, wiring
 from exporter.many import NodesExporter
 from exporter.shards import shard_of
 from exporter.sources import watch_own_statefulset
+from mig_exporter.web.server import Published
 from tests.exporter.test_many import doc
 from tests.exporter.test_targets import MIG, NAMES, STS
 from tests.support.base import SAMPLES
 from tests.support.kubeapi import KubeAPI, eventually
-from web.server import Published
 
 TOPOLOGY = SAMPLES / "topology" / "a100-40gb-active.yaml"
 

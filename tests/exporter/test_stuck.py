@@ -16,13 +16,13 @@ from exporter import dcgm, nvml
 from exporter.collector import NvmlExporter
 from exporter.many import NodesExporter
 from exporter.service import Exporter
+from mig_exporter.web.server import MetricsServer, Published
 from tests.exporter.test_exporter import MIG
 from tests.exporter.test_many import doc
 from tests.exporter.test_nvml import fake  # noqa: F401 (the fixture)
 from tests.pipeline.test_cli import get
 from tests.support.fakenvml import FakeNvml
 from tests.support.kubeapi import eventually
-from web.server import MetricsServer, Published
 
 
 @contextmanager

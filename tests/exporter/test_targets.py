@@ -25,6 +25,7 @@ from exporter.generations import G483
 from exporter.many import NodesExporter
 from exporter.shards import Shard, ordinal, shard_of
 from exporter.sources import watch_own_statefulset
+from mig_exporter.web.server import Gzipped, MetricsServer, Published, Snapshot, accepts_gzip
 from status_updater.state import ClusterState
 from tests.deploy.test_deploy import bound_rules, render
 from tests.exporter.test_exporter import MIG, whole_gpu
@@ -35,7 +36,6 @@ from tests.support.promtext import parse
 from tests.support.rbac import allowed, request_of
 from topology.configmap import node_configmap
 from topology.model import NodeTopology, Topology, dump_yaml
-from web.server import Gzipped, MetricsServer, Published, Snapshot, accepts_gzip
 
 NAMES = [f"kwok-node-{i}" for i in range(24)]
 STS = "nvidia-dcgm-exporter-all-nodes"

@@ -19,12 +19,12 @@ from exporter import dcgm
 from exporter.many import NodesExporter
 from exporter.service import Exporter
 from exporter.sources import watch_configmap, watch_node_configmaps, watch_selected_nodes
+from mig_exporter.web.server import Published
 from tests.exporter.test_exporter import MIG
 from tests.support.kubeapi import KubeAPI, eventually
 from tests.support.promtext import parse
 from topology.configmap import configmap, node_configmap
 from topology.model import Topology, dump_yaml
-from web.server import Published
 
 NS = "gpu-operator"
 (NODE,) = MIG.nodes

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 
-from kube import api
+from mig_exporter.kube import api
 
 # What a try can meet: the API's refusals by status, and an API not there (its message naming a
 # new connection object each time).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kube.selectors import parse
+from mig_exporter.kube.selectors import parse
 
 LABELS = {"type": "kwok", "gpu": "a100", "nvidia.com/mig.config": "all-enabled", "empty": ""}
 

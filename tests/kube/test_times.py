@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from kube.times import parse_time, timestamp
+from mig_exporter.kube.times import parse_time, timestamp
 
 UTC = dt.UTC
 

@@ -858,7 +858,7 @@ def test_an_unreachable_or_slow_api_spares_the_harness() -> None:
     client) are dropped or answered late; the test's own go through at once."""
     with KubeAPI.start(strict=True) as kube:
         config = kubernetes.client.Configuration(host=kube.url)
-        config.retries = 0  # as the daemons' client (kube.api.api_client)
+        config.retries = 0  # as the daemons' client (mig_exporter.kube.api.api_client)
         core = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
         kube.unreachable(1.0)
         with pytest.raises(urllib3.exceptions.MaxRetryError) as dropped:

@@ -21,9 +21,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.yamlload import flow_depth_exceeds, load_document
 from exporter import dcgm
 from exporter.node import node_of
+from mig_exporter.common.yamlload import flow_depth_exceeds, load_document
 from status_updater.objects import slim_node, slim_pod
 from status_updater.reconcile import document
 from status_updater.state import ClusterState, Unreadable

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.yamlload import load_document, load_json
+from mig_exporter.common.yamlload import load_document, load_json
 from status_updater.objects import node_name, slim_node, slim_pod
 from status_updater.reconcile import reconcile_node
 from status_updater.slicewriter import observe
@@ -287,7 +287,7 @@ def test_counts_in_labels_are_ascii_decimal_digits(text: str) -> None:
 def test_a_port_is_ascii_decimal_digits(text: str) -> None:
     import argparse
 
-    from kube.api import port
+    from mig_exporter.kube.api import port
 
     with pytest.raises(argparse.ArgumentTypeError, match="expected a port 0-65535"):
         port(text)

@@ -11,7 +11,7 @@ import kubernetes
 import pytest
 
 from exporter import cli as exporter_cli
-from kube import names
+from mig_exporter.kube import names
 from status_updater import cli as updater_cli
 from status_updater import daemon
 from status_updater.leader import LeaderElector, Timing
@@ -182,6 +182,6 @@ class _Synced:
     synced: frozenset[str] = frozenset()
 
     def __init__(self) -> None:
-        from common.selfmetrics import InvalidObjects
+        from mig_exporter.common.selfmetrics import InvalidObjects
 
         self.invalid = InvalidObjects("x")

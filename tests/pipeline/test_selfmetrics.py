@@ -13,6 +13,7 @@ import pytest
 from exporter import dcgm
 from exporter.many import NodesExporter
 from exporter.service import Exporter
+from mig_exporter.web.server import MetricsServer, Published
 from status_updater import cli as updater_cli
 from status_updater import daemon
 from status_updater.controller import Controller
@@ -29,7 +30,6 @@ from tests.support.kubeapi import eventually
 from tests.support.promtext import by_name, parse
 from topology.errors import TopologyError
 from topology.model import NodeTopology, Topology
-from web.server import MetricsServer, Published
 
 NODE = next(iter(MIG.nodes))
 BAD_CM = TopologyError("ConfigMap gpu-operator/topology-x", "data[topology.yml]", "is missing")

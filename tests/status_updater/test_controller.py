@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from bench.scale import cluster
-from kube import api as kube_api
-from kube.api import list_watch
+from mig_exporter.kube import api as kube_api
+from mig_exporter.kube.api import list_watch
 from status_updater import controller as controller_module
 from status_updater import daemon
 from status_updater.controller import LAYOUTS_ATTEMPTS, Controller
@@ -653,7 +653,7 @@ def test_claims_that_cannot_be_read_are_said_once_per_change_and_never_hold_the_
 
 
 def test_the_claims_failure_may_be_handed_its_status(caplog: pytest.LogCaptureFixture) -> None:
-    """The informer's callback taking the status itself (as kube.api could hand it over): the
+    """The informer's callback taking the status itself (as mig_exporter.kube.api could hand it over): the
     same once-per-condition rule, whatever the message says."""
     controller = Controller(None, Recorder(), dra=DraOptions("type=kwok"))  # type: ignore[arg-type]
     caplog.set_level(logging.WARNING, logger=controller_module.log.name)

@@ -216,8 +216,8 @@ def test_a_writer_that_hangs_is_called_stuck_and_a_busy_one_is_not(
     """`/health` is never stuck on a loop that is: a writer whose turn never ends (a bug, a lock
     never let go) turns it to 503 once past the longest a busy turn takes, and it is ok again
     when the writer turns again. A writer busy within that time stays healthy."""
+    from mig_exporter.web.server import Published
     from status_updater.pernode import PerNodeWriter
-    from web.server import Published
 
     monkeypatch.setattr(daemon, "WRITER_STUCK_S", 3.0)  # a turn: up to 1 s idle, 0.2 s, a pass
     published: list[Published] = []

@@ -374,7 +374,7 @@ def test_plain_kmock_is_usable_and_lenient() -> None:
 def test_lists_come_in_pages_and_the_daemons_read_them_all(
     kube: KubeAPI, core: client.CoreV1Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kube import api as kube_api
+    from mig_exporter.kube import api as kube_api
 
     for i in range(7):
         kube.create("nodes", node(f"n{i}"))
@@ -397,7 +397,7 @@ def test_lists_come_in_pages_and_the_daemons_read_them_all(
 def test_plain_kmocks_placeholder_is_no_resource_version() -> None:
     """Plain kmock answers every object with resourceVersion "...": sent back as a precondition
     or a watch's starting point it means nothing, so the daemons send none (one place decides)."""
-    from kube.api import usable_version
+    from mig_exporter.kube.api import usable_version
 
     assert usable_version("...") is None
     assert usable_version("") is None

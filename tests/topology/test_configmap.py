@@ -10,7 +10,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common import blockyaml
+from mig_exporter.common import blockyaml
 from tests.support.base import SAMPLES
 from tests.topology.test_topology_model import edited, topologies
 from topology import configmap as contract

@@ -9,7 +9,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.text import one_line
+from mig_exporter.common.text import one_line
 from tests.support import tree
 from tests.support.base import SAMPLES
 from topology.errors import TopologyError

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mig_exporter.web.gzipped import Gzipped
+from mig_exporter.web.server import MetricsServer, Published, Snapshot
+from mig_exporter.web.snapshot import Page
 from tests.support.base import examples
-from web.gzipped import Gzipped
-from web.server import MetricsServer, Published, Snapshot
-from web.snapshot import Page
 
 
 @dataclass(frozen=True)

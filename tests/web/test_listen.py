@@ -12,8 +12,8 @@ from contextlib import closing, contextmanager
 
 import pytest
 
-from web.listen import EVERY_ADDRESS, Bind, binds, host_port, url
-from web.server import MetricsServer, Published, Snapshot
+from mig_exporter.web.listen import EVERY_ADDRESS, Bind, binds, host_port, url
+from mig_exporter.web.server import MetricsServer, Published, Snapshot
 
 V4, V6 = "127.0.0.1", "::1"
 
@@ -118,7 +118,7 @@ def test_ipv6_the_host_cannot_listen_on_falls_to_ipv4(monkeypatch: pytest.Monkey
         Bind(socket.AF_INET6, ("2001:db8::1", 0, 0, 0), dual_stack=True),  # documentation's
         Bind(socket.AF_INET, (V4, 0)),
     ]
-    monkeypatch.setattr("web.server.binds", lambda address, port: ways)
+    monkeypatch.setattr("mig_exporter.web.server.binds", lambda address, port: ways)
     with serving(None) as server:
         assert server.url() == f"http://127.0.0.1:{server.port}/metrics"
         assert reaches(V4, server.port)

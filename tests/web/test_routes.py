@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mig_exporter.web.handler import ROUTES, Rule
+from mig_exporter.web.server import CONTENT_TYPE, MetricsServer, Published, Snapshot
 from tests.support.base import examples
-from web.handler import ROUTES, Rule
-from web.server import CONTENT_TYPE, MetricsServer, Published, Snapshot
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.base import examples
-from tests.support.kubeapi import eventually
-from tests.support.tls import serving_tls
-from web.config import WebConfig, load
-from web.server import (
+from mig_exporter.web.config import WebConfig, load
+from mig_exporter.web.server import (
     CONTENT_TYPE,
     MAX_HEAD_BYTES,
     HeadTooLarge,
@@ -33,6 +30,9 @@ from web.server import (
     Snapshot,
     read_head,
 )
+from tests.support.base import examples
+from tests.support.kubeapi import eventually
+from tests.support.tls import serving_tls
 
 SNAPSHOT = Snapshot((b"metric_a 1\n", b"metric_b 2\n"), True, "ok", b"own_total 3\n")
 BODY = b"metric_a 1\nmetric_b 2\nown_total 3\n"

@@ -27,11 +27,9 @@ import bcrypt
 import pytest
 import trustme
 
-from tests.support.base import ROOT, SAMPLES
-from tests.support.kubeapi import eventually
-from web import config as webconfig
-from web.config import BasicAuth, WebConfig, WebConfigError, load
-from web.server import (
+from mig_exporter.web import config as webconfig
+from mig_exporter.web.config import BasicAuth, WebConfig, WebConfigError, load
+from mig_exporter.web.server import (
     CONTENT_TYPE,
     MAX_HEAD_BYTES,
     TLS_CHUNK_BYTES,
@@ -40,6 +38,8 @@ from web.server import (
     Published,
     Snapshot,
 )
+from tests.support.base import ROOT, SAMPLES
+from tests.support.kubeapi import eventually
 
 NODE = "qa-mig-worker-gpu-a100"
 TOPOLOGY = SAMPLES / "topology" / "a100-40gb-active.yaml"
@@ -787,7 +787,7 @@ def test_a_bug_while_answering_is_one_error_line_and_no_traceback(
     def broken(target: str) -> str | None:
         raise RuntimeError("the path broke")
 
-    monkeypatch.setattr("web.handler.target_path", broken)
+    monkeypatch.setattr("mig_exporter.web.handler.target_path", broken)
     with serving() as server:
         assert raw(server, b"GET /metrics HTTP/1.1\r\n\r\n") == b""  # closed, nothing half-said
         said = eventually(lambda: [r for r in caplog.records if r.levelno >= logging.WARNING])

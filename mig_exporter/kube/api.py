@@ -25,7 +25,7 @@ import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from common.text import one_line
+from mig_exporter.common.text import one_line
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]

@@ -3,7 +3,7 @@
 
 GET and HEAD of the routed paths, in origin-form (`GET /metrics`) or absolute-form
 (`GET http://host:9400/metrics`); every other method is 405 or 501. The head is read within the
-bounds (web/bounds.py) before http.server parses it; bodies are never read.
+bounds (bounds.py) before http.server parses it; bodies are never read.
 """
 
 from __future__ import annotations
@@ -23,12 +23,20 @@ from http.server import BaseHTTPRequestHandler
 from typing import Protocol, cast
 from urllib.parse import unquote
 
-from common.text import one_line, printable
-from web.bounds import Budget, Dropped, HeadTooLarge, InFlight, Limits, linger, read_head
-from web.config import BasicAuth
-from web.gzipped import Gzipped, accepts_gzip
-from web.sending import SocketWriter, send_all
-from web.snapshot import Page, Published, Snapshot
+from mig_exporter.common.text import one_line, printable
+from mig_exporter.web.bounds import (
+    Budget,
+    Dropped,
+    HeadTooLarge,
+    InFlight,
+    Limits,
+    linger,
+    read_head,
+)
+from mig_exporter.web.config import BasicAuth
+from mig_exporter.web.gzipped import Gzipped, accepts_gzip
+from mig_exporter.web.sending import SocketWriter, send_all
+from mig_exporter.web.snapshot import Page, Published, Snapshot
 
 log = logging.getLogger("exporter.http")
 
@@ -295,7 +303,7 @@ def _node_health(h: Handler, snap: Snapshot, match: re.Match[str], body: bool) -
 class Rule:
     """A path and its answer. `<node>` in the path stands for the rest of it (any characters,
     still %-encoded), the answer's `match["node"]`. `holds`: the answer sends a body of the
-    snapshot, held in flight (web/bounds.py) until sent; the others read the published
+    snapshot, held in flight (bounds.py) until sent; the others read the published
     snapshot as it is."""
 
     path: str

@@ -86,7 +86,7 @@ class Snapshot:
 class Published:
     """The one snapshot scrapes see; replaced whole, so readers never see half an update.
 
-    Servers watch it to bound what the snapshots it replaced still hold (`web.bounds.InFlight`).
+    Servers watch it to bound what the snapshots it replaced still hold (`mig_exporter.web.bounds.InFlight`).
     """
 
     def __init__(self) -> None:

@@ -3,12 +3,12 @@ trusted, `/metrics/self` serves the daemon's own series alone.
 
 `/metrics/nodes/<node>` and `/health/nodes/<node>` do the same for one node of a snapshot that
 has per-node pages (the many-nodes exporter); a client asking for gzip gets bodies compressed
-once per change. With a web config (web/config.py) it speaks TLS, checks client certificates or
+once per change. With a web config (config.py) it speaks TLS, checks client certificates or
 basic auth, and adds the configured headers.
 
-The pieces, each in its module: the snapshots (web/snapshot.py), gzip (web/gzipped.py), the
-bounds on what a client can make the server hold (web/bounds.py), sending (web/sending.py), the
-handler and its routes (web/handler.py), the address forms and URLs (web/listen.py). This module
+The pieces, each in its module: the snapshots (snapshot.py), gzip (gzipped.py), the
+bounds on what a client can make the server hold (bounds.py), sending (sending.py), the
+handler and its routes (handler.py), the address forms and URLs (listen.py). This module
 listens, starts and stops the server, and is where the daemons and tests import all of it from.
 """
 
@@ -24,8 +24,8 @@ from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from common.text import one_line
-from web.bounds import (
+from mig_exporter.common.text import one_line
+from mig_exporter.web.bounds import (
     HEAD_TIMEOUT_S,
     MAX_CONNECTIONS,
     MAX_HEAD_BYTES,
@@ -39,12 +39,20 @@ from web.bounds import (
     Limits,
     read_head,
 )
-from web.config import BasicAuth, WebConfig, server_context
-from web.gzipped import GZIP_LEVEL, Gzipped, accepts_gzip
-from web.handler import CONTENT_TYPE, HEALTH_PAGES, PAGES, SELF, Handler, Site, target_path
-from web.listen import EVERY_ADDRESS, NO_IPV6, Bind, binds, url
-from web.sending import IOV_MAX, TLS_CHUNK_BYTES, send_all
-from web.snapshot import Page, Published, Snapshot
+from mig_exporter.web.config import BasicAuth, WebConfig, server_context
+from mig_exporter.web.gzipped import GZIP_LEVEL, Gzipped, accepts_gzip
+from mig_exporter.web.handler import (
+    CONTENT_TYPE,
+    HEALTH_PAGES,
+    PAGES,
+    SELF,
+    Handler,
+    Site,
+    target_path,
+)
+from mig_exporter.web.listen import EVERY_ADDRESS, NO_IPV6, Bind, binds, url
+from mig_exporter.web.sending import IOV_MAX, TLS_CHUNK_BYTES, send_all
+from mig_exporter.web.snapshot import Page, Published, Snapshot
 
 __all__ = [
     "CONTENT_TYPE",
@@ -146,7 +154,7 @@ class _Server(ThreadingHTTPServer):
 class MetricsServer:
     """`/metrics` and `/health` on `address:port`, in a thread; TLS and auth as `web` says.
 
-    `address` in any form web/listen.py takes; None or EVERY_ADDRESS: every address, IPv6 and
+    `address` in any form listen.py takes; None or EVERY_ADDRESS: every address, IPv6 and
     IPv4 where the host has IPv6. One that cannot be listened on raises OSError; a `web` whose
     certificates cannot be loaded raises WebConfigError, both before anything listens.
     """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 
-from kube import selectors
+from mig_exporter.kube import selectors
 
 _LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
 _DNS1123_LABEL = re.compile(_LABEL)

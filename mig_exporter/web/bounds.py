@@ -13,7 +13,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import TypeVar
 
-from web.snapshot import Published, Snapshot
+from mig_exporter.web.snapshot import Published, Snapshot
 
 _T = TypeVar("_T")
 

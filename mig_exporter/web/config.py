@@ -27,9 +27,9 @@ from typing import Any, NoReturn
 import bcrypt
 import yaml
 
-from common.files import UnreadableFile, read_text
-from common.text import one_line, printable
-from common.yamlload import load_document
+from mig_exporter.common.files import UnreadableFile, read_text
+from mig_exporter.common.text import one_line, printable
+from mig_exporter.common.yamlload import load_document
 
 # A web config is a few lines; a certificate chain or CA bundle a few KiB (Mozilla's whole bundle
 # is about 220 KiB). Bounds on what a wrong path (a log, a device) can make the exporter read.

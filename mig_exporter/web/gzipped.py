@@ -27,7 +27,7 @@ import threading
 import zlib
 from collections.abc import Iterable, Sequence
 
-from web.snapshot import Page, Snapshot
+from mig_exporter.web.snapshot import Page, Snapshot
 
 GZIP_LEVEL = 1  # metrics text compresses about 10:1 even so, at a fraction of level 9's CPU
 

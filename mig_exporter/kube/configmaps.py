@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from kubernetes.client.exceptions import ApiException
 
-from kube.api import REQUEST_TIMEOUT
+from mig_exporter.kube.api import REQUEST_TIMEOUT
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
-from web.bounds import Budget
+from mig_exporter.web.bounds import Budget
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer

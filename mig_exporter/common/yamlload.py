@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from common import blockyaml
-from common.text import one_line
+from mig_exporter.common import blockyaml
+from mig_exporter.common.text import one_line
 
 # libyaml when PyYAML was built with it: the pure-Python loader is several times slower.
 _FastLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -25,7 +25,7 @@ _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 def _textual_times(loader: type[yaml.SafeLoader]) -> type[yaml.SafeLoader]:
     """The loader with YAML 1.1's dates left as text, as JSON and the Kubernetes API have them:
     an impossible one (`2024-02-30`) made the loader raise ValueError, and no field of ours
-    wants a date object (kube/times.py reads the text)."""
+    wants a date object (mig_exporter/kube/times.py reads the text)."""
     resolvers = {
         first: [(tag, regexp) for tag, regexp in found if tag != _TIMESTAMP]
         for first, found in loader.yaml_implicit_resolvers.items()
