@@ -146,6 +146,25 @@ def _crd_object(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, 
     }
 
 
+_ACTIONS = [a for name in ("replace", "keep", "drop", "hashmod", "labelmap", "labeldrop",
+                           "labelkeep", "lowercase", "uppercase", "keepequal", "dropequal")
+            for a in (name, {"hashmod": "HashMod", "labelmap": "LabelMap", "labeldrop": "LabelDrop",
+                             "labelkeep": "LabelKeep", "keepequal": "KeepEqual",
+                             "dropequal": "DropEqual"}.get(name, name.capitalize()))]  # fmt: skip
+# A relabeling as the operator's CRDs take it (ScrapeConfig, ServiceMonitor).
+_RELABEL = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "action": {"enum": _ACTIONS},
+        "modulus": {"type": "integer", "minimum": 0},
+        "regex": {"type": "string"},
+        "replacement": {"type": "string"},
+        "separator": {"type": "string"},
+        "sourceLabels": {"type": "array", "items": {"type": "string"}},
+        "targetLabel": {"type": "string"},
+    },
+}
 SERVICEMONITOR_SCHEMA: dict[str, Any] = _crd_object(
     "monitoring.coreos.com/v1",
     "ServiceMonitor",
@@ -179,6 +198,16 @@ SERVICEMONITOR_SCHEMA: dict[str, Any] = _crd_object(
                         "scrapeTimeout": {"type": "string", "pattern": _DURATION},
                         "honorLabels": {"type": "boolean"},
                         "honorTimestamps": {"type": "boolean"},
+                        "relabelings": {"type": "array", "items": _RELABEL},
+                        "metricRelabelings": {"type": "array", "items": _RELABEL},
+                        "tlsConfig": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {
+                                "insecureSkipVerify": {"type": "boolean"},
+                                "serverName": {"type": "string"},
+                            },
+                        },
                     },
                 },
             },
@@ -228,11 +257,6 @@ PROMETHEUSRULE_SCHEMA: dict[str, Any] = _crd_object(
 # ScrapeConfig (monitoring.coreos.com_scrapeconfigs.yaml, v1alpha1): the fields
 # deploy/all-nodes/scrapeconfig.yaml uses, as the CRD declares them.
 _ROLES = ["Pod", "Endpoints", "Ingress", "Service", "Node", "EndpointSlice"]
-_ACTIONS = [a for name in ("replace", "keep", "drop", "hashmod", "labelmap", "labeldrop",
-                           "labelkeep", "lowercase", "uppercase", "keepequal", "dropequal")
-            for a in (name, {"hashmod": "HashMod", "labelmap": "LabelMap", "labeldrop": "LabelDrop",
-                             "labelkeep": "LabelKeep", "keepequal": "KeepEqual",
-                             "dropequal": "DropEqual"}.get(name, name.capitalize()))]  # fmt: skip
 SCRAPECONFIG_SCHEMA: dict[str, Any] = _crd_object(
     "monitoring.coreos.com/v1alpha1",
     "ScrapeConfig",
@@ -266,22 +290,7 @@ SCRAPECONFIG_SCHEMA: dict[str, Any] = _crd_object(
                     },
                 },
             },
-            "relabelings": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {
-                        "action": {"enum": _ACTIONS},
-                        "modulus": {"type": "integer", "minimum": 0},
-                        "regex": {"type": "string"},
-                        "replacement": {"type": "string"},
-                        "separator": {"type": "string"},
-                        "sourceLabels": {"type": "array", "items": {"type": "string"}},
-                        "targetLabel": {"type": "string"},
-                    },
-                },
-            },
+            "relabelings": {"type": "array", "items": _RELABEL},
         },
     },
 )
@@ -300,15 +309,18 @@ def kustomization(directory: Path) -> dict[str, Any]:
 
 
 def manifest_files() -> list[Path]:
-    """Every whole API object under deploy/: not kustomization.yaml (kustomize's input) and not
-    the overlays' patches (parts of objects)."""
+    """Every whole API object under deploy/: not kustomization.yaml (kustomize's input), not
+    the overlays' patches (parts of objects), not the Helm chart (templates: test_helm.py)."""
     patches = {
         d / p for d in INSTALLS.values() for p in kustomization(d).get("patchesStrategicMerge", [])
     }
     return sorted(
         p
         for p in DEPLOY.rglob("*.yaml")
-        if p.name != "kustomization.yaml" and p not in patches and p != ONE_FILE
+        if p.name != "kustomization.yaml"
+        and p not in patches
+        and p != ONE_FILE
+        and DEPLOY / "helm" not in p.parents
     )
 
 
