@@ -28,6 +28,7 @@ lint: $(VENV)/.installed
 WORKERS ?= 2
 test: $(VENV)/.installed lint
 	./scripts/install-test-tools
+	./scripts/install-helm
 	$(PY) -m pytest -n $(WORKERS)
 
 # Exploration, which `make test` leaves out: the tests marked slow (many long fault sequences from
