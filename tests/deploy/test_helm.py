@@ -3,8 +3,10 @@
 What a user installing with `helm upgrade -i` relies on:
 - `helm lint --strict` passes, with both Helm majors, for every values file we ship;
 - each layout's values give the objects `kubectl apply -k` gives for it (the two cannot drift);
-- every render of every shipped values file is valid for the API (Kubernetes 1.30; DRA objects
-  1.34) and its RBAC grants what the daemons ask, under the names and namespace it was given;
+- every render of every shipped values file is valid for the API (Kubernetes 1.30 and the
+  newest; DRA objects 1.34) and its RBAC grants what the daemons ask, under the names and
+  namespace it was given (the requests the daemons make in the live tests are checked against
+  the chart's layouts too: test_slicewriter.py, test_targets.py);
 - a value set to null (as users and other charts' guards do) is refused in Helm's one error
   naming the key, or renders: never a template's nil-pointer failure;
 - `helm package` gives the archive a release pushes, rendering as the directory does.
@@ -27,7 +29,7 @@ import yaml
 from tests.deploy.test_deploy import (
     CRD_SCHEMAS,
     DRA_MIN_KUBE_VERSION,
-    MIN_KUBE_VERSION,
+    KUBE_VERSION,
     env_of,
     render,
 )
@@ -63,6 +65,12 @@ def template(major: int, values: Path | None = None, *sets: str) -> tuple[dict[s
     for s in sets:
         args += ["--set", s]
     return tuple(d for d in yaml.safe_load_all(helm(major, *args).stdout) if d)
+
+
+def layout_objects(layout: str) -> list[dict[str, Any]]:
+    """What the chart installs for a layout of LAYOUTS (its ci/ values), with Helm 4: what the
+    tests that record the daemons' requests check the chart's RBAC against too."""
+    return list(template(4, CHART / "ci" / f"{layout}-values.yaml"))
 
 
 def by_key(objs: Any) -> dict[tuple[str, str], dict[str, Any]]:
@@ -103,17 +111,24 @@ def test_each_layout_installs_what_kustomize_installs(major: int, layout: str) -
         assert chart[key] == kustomize[key], key
 
 
+CHART_KUBE_VERSION = "1.30"  # Chart.yaml's kubeVersion: the oldest the chart installs on
+
+
 def _validate(doc: dict[str, Any]) -> None:
-    version = MIN_KUBE_VERSION
+    """Valid for the API of the oldest Kubernetes the chart takes (DRA objects: the first with
+    resource.k8s.io/v1) and of the newest kubernetes-validate knows; a CRD's body against the
+    operator's schema (test_deploy.CRD_SCHEMAS)."""
+    oldest = CHART_KUBE_VERSION
     if doc["apiVersion"].startswith("resource.k8s.io/"):
-        version = DRA_MIN_KUBE_VERSION
+        oldest = DRA_MIN_KUBE_VERSION
     schema = CRD_SCHEMAS.get((doc["apiVersion"], doc["kind"]))
-    if schema is None:
-        kubernetes_validate.validate(doc, version, strict=True)
-        return
-    jsonschema.Draft202012Validator(schema).validate(doc)
-    carrier = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc["metadata"]}
-    kubernetes_validate.validate(carrier, version, strict=True)
+    for version in (oldest, KUBE_VERSION):
+        if schema is None:
+            kubernetes_validate.validate(doc, version, strict=True)
+            continue
+        jsonschema.Draft202012Validator(schema).validate(doc)
+        carrier = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc["metadata"]}
+        kubernetes_validate.validate(carrier, version, strict=True)
 
 
 @pytest.mark.parametrize("values", VALUES, ids=lambda v: v.name)

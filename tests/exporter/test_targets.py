@@ -28,6 +28,7 @@ from exporter.sources import watch_own_statefulset
 from mig_exporter.web.server import Gzipped, MetricsServer, Published, Snapshot, accepts_gzip
 from status_updater.state import ClusterState
 from tests.deploy.test_deploy import bound_rules, render
+from tests.deploy.test_helm import layout_objects
 from tests.exporter.test_exporter import MIG, whole_gpu
 from tests.exporter.test_many import doc
 from tests.support.base import SAMPLES, run_cli
@@ -288,13 +289,15 @@ def test_a_statefulset_pod_serves_its_ordinal_s_shard_of_the_replicas_as_they_sc
             stop.set()
             kube.cut_watches()
             watch.join(5)
-        # Every request it made is one deploy/all-nodes/'s Role and ClusterRole grant it.
-        cluster, namespaced = bound_rules(render("all-nodes"), STS)
+        # Every request it made is one deploy/all-nodes/'s Role and ClusterRole grant it, and
+        # the chart's all-nodes install's.
         asked = {r for e in kube.journal() if not e.harness and (r := request_of(e))}
         assert {(r.verb, r.resource) for r in asked} >= {("get", "pods"), ("watch", "statefulsets")}
-        for r in asked:
-            rules = namespaced if r.namespace is not None else cluster
-            assert allowed(rules, r.verb, r.resource, r.group, r.name), r
+        for install in (render("all-nodes"), layout_objects("all-nodes")):
+            cluster, namespaced = bound_rules(install, STS)
+            for r in asked:
+                rules = namespaced if r.namespace is not None else cluster
+                assert allowed(rules, r.verb, r.resource, r.group, r.name), r
 
 
 def _docs(*paths: Path) -> list[dict[str, Any]]:

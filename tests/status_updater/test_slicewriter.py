@@ -22,6 +22,7 @@ from status_updater.dra import DraOptions, node_slimmer
 from status_updater.resourceslices import node_slices
 from status_updater.slicewriter import _Templates, _Text
 from tests.deploy.test_deploy import UPDATER, bound_rules, render
+from tests.deploy.test_helm import layout_objects
 from tests.status_updater.test_daemon import run_daemon
 from tests.status_updater.test_reconcile import whole_gpu_node
 from tests.status_updater.test_resourceslices import gpu_node
@@ -92,15 +93,16 @@ def slice_writes(kube: KubeAPI) -> list[JournalEntry]:
 
 def assert_the_dra_install_allows_what_was_asked(kube: KubeAPI) -> None:
     """Each DRA request the updater made (resource.k8s.io) is one deploy/dra/'s RBAC grants its
-    ServiceAccount."""
-    cluster, _ = bound_rules(render("dra"), UPDATER)
+    ServiceAccount, and the chart's DRA install's."""
     asked = {r for e in kube.journal() if not e.harness and (r := request_of(e)) is not None}
     dra = {r for r in asked if r.group == "resource.k8s.io"}
     assert {(r.verb, r.resource) for r in dra} >= {("list", "resourceclaims"),
                                                    ("watch", "resourceclaims"),
                                                    ("create", "resourceslices")}  # fmt: skip
-    for r in dra:
-        assert allowed(cluster, r.verb, r.resource, r.group, r.name), r
+    for install in (render("dra"), layout_objects("dra")):
+        cluster, _ = bound_rules(install, UPDATER)
+        for r in dra:
+            assert allowed(cluster, r.verb, r.resource, r.group, r.name), r
 
 
 def allocate(kube: KubeAPI, pod: str) -> None:
