@@ -22,6 +22,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,38 @@ def start_prometheus(
                   f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{web}"],
                  work / "prometheus.log")  # fmt: skip
     return proc, f"http://127.0.0.1:{web}"
+
+
+def rules_evaluated(url: str, groups: dict[str, Any]) -> dict[str, str]:
+    """Each rule of `groups` (a rule file's) that Prometheus loaded, by name (`record` or
+    `alert`), and the error of its first evaluation after this call, empty for none: the
+    series there now are what it evaluates. A rule that parses can still fail every evaluation
+    (many-to-many matching, two series of one label set once relabelled), and an alert that
+    does never fires: promtool and the parsers see none of that."""
+    names = {r.get("record") or r["alert"] for g in groups["groups"] for r in g["rules"]}
+    since = time.time()
+
+    def evaluated() -> dict[str, str] | None:
+        with urllib.request.urlopen(f"{url}/api/v1/rules", timeout=5) as r:
+            body = json.load(r)
+        assert body["status"] == "success", body
+        loaded = [rule for g in body["data"]["groups"] for rule in g["rules"]]
+        if any(evaluated_at(rule["lastEvaluation"]) < since for rule in loaded):
+            return None
+        return {
+            rule["name"]: rule.get("lastError", "") or ("" if rule["health"] == "ok" else "err")
+            for rule in loaded
+        }
+
+    errors = eventually(evaluated, timeout=30, interval=0.2)
+    assert set(errors) == names, f"rules loaded {sorted(errors)} != the file's {sorted(names)}"
+    return errors
+
+
+def evaluated_at(rfc3339: str) -> float:
+    """Prometheus' time of a rule's last evaluation (nanoseconds, `Z`) as Unix seconds."""
+    trimmed = re.sub(r"(\.\d{6})\d*", r"\1", rfc3339).replace("Z", "+00:00")
+    return datetime.fromisoformat(trimmed).timestamp()
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ begun, some a few seconds ahead, so Prometheus sees them start:
 
 Every generation must raise the same alerts, in the same state, on the same GPUs: the fatal Xid,
 the remap failure and the ECC errors firing (no `for`), the lost GPU and the throttling pending
-(their `for` is minutes). And every query of the Health row, the opt-in ones too, has data on
-every generation. It takes about 30 s.
+(their `for` is minutes). Every rule evaluates without an error. And every query of the
+Health row, the opt-in ones too, has data on every generation. It takes about 30 s.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from grafana.dashboard import queries
 from tests.live.test_prometheus import (
     prometheus_binary,
     query_at,
+    rules_evaluated,
     start,
     start_prometheus,
     substitute,
@@ -182,6 +183,13 @@ def test_every_generation_raises_the_fault_alerts(fleet: Fleet) -> None:
         eventually(settled, timeout=AHEAD_S + 30, interval=0.5)
     except AssertionError:
         pytest.fail(f"alerts by generation: {alerts(fleet.url)}\nexpected on each: {EXPECTED}")
+
+
+def test_every_rule_evaluates_without_error_under_faults(fleet: Fleet) -> None:
+    """With the opt-in fields served and GPUs failing, on every generation at once, no rule of
+    the file fails its evaluation (and so stays silent)."""
+    errors = rules_evaluated(fleet.url, yaml.safe_load(RULE.read_text())["spec"])
+    assert not {name: e for name, e in errors.items() if e}, errors
 
 
 def test_every_health_query_has_data_on_every_generation(fleet: Fleet) -> None:

@@ -16,7 +16,8 @@ set (target labels aside, the host's suffix taken off) and the value:
 - every dashboard query with the variables resolved as Grafana does for one generation's hosts
   (the hosts, GPUs and profiles it lists must be the same for each);
 - every recording rule's expression, what Prometheus recorded, and the alert (pending: one
-  instance of the MIG node is kept above 95 %).
+  instance of the MIG node is kept above 95 %);
+- and every rule of the file, whatever it alerts on, evaluates without an error.
 
 2022's answers must be non-empty, so nothing passes by finding nothing.
 """
@@ -46,6 +47,7 @@ from tests.live.test_prometheus import (
     prometheus_binary,
     query_at,
     resolve_variables,
+    rules_evaluated,
     start,
     start_prometheus,
     static_topology,
@@ -275,6 +277,13 @@ def test_recording_rules_and_their_recordings(fleet: Fleet, at: float) -> None:
             "1g.5gb": 4798,
             "2g.10gb": 153,
         }
+
+
+def test_every_rule_evaluates_without_error(fleet: Fleet) -> None:
+    """Every rule of the PrometheusRule, alerts that have nothing to fire on here included,
+    is evaluated by Prometheus on every generation's series at once without an error."""
+    errors = rules_evaluated(fleet.url, rule_groups())
+    assert not {name: e for name, e in errors.items() if e}, errors
 
 
 def test_the_memory_alert(fleet: Fleet, at: float) -> None:
