@@ -29,6 +29,7 @@ WORKERS ?= 2
 test: $(VENV)/.installed lint
 	./scripts/install-test-tools
 	./scripts/install-helm
+	./scripts/install-dashboard-tools
 	$(PY) -m pytest -n $(WORKERS)
 
 # Exploration, which `make test` leaves out: the tests marked slow (many long fault sequences from
