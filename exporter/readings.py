@@ -263,10 +263,7 @@ def pod_percent(uid: str, lo: int, hi: int, step: int) -> int:
 
 def _utilization(pods: Pods, step: int) -> int:
     """Percent busy in `step`: its pods' together, at most 100."""
-    total = 0
-    for uid, lo, hi in pods:
-        total += lo + round((hi - lo) * _draw(f"{uid}/{step}"))
-    return min(total, 100)
+    return min(sum(pod_percent(uid, lo, hi, step) for uid, lo, hi in pods), 100)
 
 
 @dataclass(frozen=True, slots=True)

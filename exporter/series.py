@@ -339,8 +339,8 @@ def process_copies(
                  for uid, u in sorted(status.pod_gpu_usage_status.items()))  # fmt: skip
     index = {p[0]: k for k, p in enumerate(pods)}
     shares = Shares(pods)
-    out: list[tuple[Held, View]] = [((None, holder(None, replace(a, free_pod_labels=False))),
-                                     View(shares, -1))]  # fmt: skip
+    # The device's own: no pod labels at all (not even empty ones), whatever the generation.
+    out: list[tuple[Held, View]] = [((None, ()), View(shares, -1))]
     for who, labels in held:
         if who is None:
             continue

@@ -22,7 +22,6 @@ slim pods keep these keys: `kept_labels`, `kept_annotations`), as `runai.py` rea
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -255,8 +254,3 @@ def node_memory(label_mib: int) -> int:
     """A GPU's memory as KAI's scheduler counts it: the node's `nvidia.com/gpu.memory` label in
     MiB, floored to a multiple of 100 (its node_info.go)."""
     return max(label_mib // 100 * 100, 0)
-
-
-def portion_text(mib: int, gpu_mib: int) -> str:
-    """A fraction pod's portion of a GPU as KAI rounds it (up, to 0.01), for a message."""
-    return f"{math.ceil(mib / gpu_mib * 100) / 100:.2f}" if gpu_mib else "?"
