@@ -28,6 +28,7 @@ from status_updater.dra import (
     add_claim_status_argument,
     add_dra_arguments,
     node_slimmer,
+    selector_argument,
 )
 from status_updater.inputs import POLICY_KINDS, InputError, load_objects
 from status_updater.leader import CLIENT_GO, Timing
@@ -411,7 +412,7 @@ def _run_arguments(live: argparse.ArgumentParser) -> None:
     )
     live.add_argument(
         "--kai-node-selector",
-        type=_kai_selector,
+        type=selector_argument("KAI_NODE_SELECTOR"),
         default=os.environ.get("KAI_NODE_SELECTOR") or None,
         metavar="SELECTOR",
         help="on the KWOK nodes (annotation kwok.x-k8s.io/node: fake) this label selector picks "
@@ -421,12 +422,6 @@ def _run_arguments(live: argparse.ArgumentParser) -> None:
         "GPU's uuid; KAI's binder waits for it); needs patch on nodes/status and pods "
         "(env KAI_NODE_SELECTOR)",
     )
-
-
-def _kai_selector(text: str) -> str:
-    if (why := names.label_selector(text)) is not None:
-        raise argparse.ArgumentTypeError(f"{why} (flag or KAI_NODE_SELECTOR)")
-    return text
 
 
 def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:

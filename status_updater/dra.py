@@ -40,18 +40,22 @@ def shares_count(mode: str) -> int | None:
     return int(mode) if mode.isdigit() else None
 
 
-def _selector(text: str) -> str:
-    """A label selector, checked as the API checks one (its syntax, its keys' and values'
-    lengths)."""
-    if (why := names.label_selector(text)) is not None:
-        raise argparse.ArgumentTypeError(f"{why} (flag or DRA_NODE_SELECTOR)")
-    return text
+def selector_argument(env: str) -> Callable[[str], str]:
+    """argparse's type of a label selector flag whose environment variable is `env`: the text,
+    checked as the API checks one (its syntax, its keys' and values' lengths)."""
+
+    def parse(text: str) -> str:
+        if (why := names.label_selector(text)) is not None:
+            raise argparse.ArgumentTypeError(f"{why} (flag or {env})")
+        return text
+
+    return parse
 
 
 def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dra-node-selector",
-        type=_selector,
+        type=selector_argument("DRA_NODE_SELECTOR"),
         default=os.environ.get("DRA_NODE_SELECTOR") or None,  # empty is unset, as elsewhere
         metavar="SELECTOR",
         help="publish the NVIDIA DRA driver's ResourceSlices for the GPU nodes whose labels "

@@ -169,3 +169,18 @@ def test_the_kai_sample_in_a_running_updater_is_what_render_writes(
                         assert used[gpu.id, f.holder.pod] == f.memory
 
         assert run_daemon(kube, tmp_path, monkeypatch, "per-node", 60, scenario) == 0
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_a_bad_kai_node_selector_is_one_line_and_exit_2(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["status_updater", "run"]
+    if how == "flag":
+        args += ["--kai-node-selector", "type in (kwok"]
+    else:
+        monkeypatch.setenv("KAI_NODE_SELECTOR", "type in (kwok")
+    done = run_cli(*args)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if "error:" in x]
+    assert "--kai-node-selector" in line and "KAI_NODE_SELECTOR" in line
