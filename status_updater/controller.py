@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from mig_exporter.common.podlabels import Allowlist
 from mig_exporter.common.selfmetrics import InvalidObjects, kind_of
-from mig_exporter.kube.api import REQUEST_TIMEOUT, Backoff, Obj, Said, describe, list_watch
+from mig_exporter.kube.api import PASS_S, REQUEST_TIMEOUT, Backoff, Obj, Said, describe, list_watch
 from status_updater import faults, kainodes
 from status_updater.claims import read_claim
 from status_updater.dra import DraOptions, node_slimmer
@@ -145,6 +145,9 @@ class Controller:
         self._status_due: set[str] = set()  # policies whose status annotation is to be written
         # --kai-node-selector: what KAI's node-side parts would write, on simulated nodes.
         self.kai = kai_selector is not None
+        # Its writes take at most this long a pass (a node's at least), as the other writers'
+        # passes: a first pass over thousands of nodes never holds the ConfigMaps back.
+        self.kai_pass_s = PASS_S
         self._kai_said: str | None = None  # the last failure to write it, said once
 
     # --- informer callbacks (informer threads) ------------------------------------------------
@@ -454,8 +457,9 @@ class Controller:
     def _write_kai(self, names: set[str]) -> None:
         """On the simulated nodes `--kai-node-selector` picks: KAI's node conditions, and each
         reservation pod's GPU uuid (kainodes.py). What fails is said once, and tried again at
-        the next resync."""
+        the next resync; so is what a pass had no time left for."""
         now = time_text(int(time.time()))
+        deadline = time.monotonic() + self.kai_pass_s
         for name in sorted(names):
             node = self.state.nodes.get(name)
             if node is None:
@@ -488,6 +492,8 @@ class Controller:
                     self._kai_failed(what, describe(e))
                     return
                 self._kai_said = None
+            if calls and time.monotonic() > deadline:
+                return
 
     def _kai_failed(self, what: str, why: str) -> None:
         if why != self._kai_said:

@@ -13,8 +13,10 @@ import pytest
 import yaml
 
 from status_updater import kainodes
+from status_updater.controller import Controller
 from status_updater.objects import slim_node, slim_pod
 from status_updater.reconcile import reconcile_node
+from tests.status_updater.test_controller import Recorder
 from tests.status_updater.test_daemon import NS, run_daemon
 from tests.status_updater.test_kai import NODES, PODS, fraction, items, reservation
 from tests.status_updater.test_reconcile import whole_gpu_node
@@ -184,3 +186,33 @@ def test_a_bad_kai_node_selector_is_one_line_and_exit_2(
     assert done.returncode == 2 and "Traceback" not in done.stderr
     (line,) = [x for x in done.stderr.splitlines() if "error:" in x]
     assert "--kai-node-selector" in line and "KAI_NODE_SELECTOR" in line
+
+
+def test_a_pass_of_kai_writes_ends_in_time_and_the_rest_follows() -> None:
+    """Thousands of picked nodes at the first pass never hold the ConfigMaps' writer: a pass
+    writes for at most its time (a node's at least); the next pass writes the rest."""
+
+    class Core:
+        def __init__(self) -> None:
+            self.patched: list[str] = []
+
+        def patch_node_status(self, name: str, body: Any, **_: Any) -> None:
+            self.patched.append(name)
+
+    core = Core()
+    controller = Controller(core, Recorder(), kai_selector="")  # type: ignore[arg-type]
+    controller.kai_pass_s = 0.0
+    slim = kainodes.slimmer(slim_node, "")
+    names = [f"kwok-{i}" for i in range(3)]
+    for name in names:
+        node = whole_gpu_node(name)
+        node["metadata"].setdefault("annotations", {})[kainodes.KWOK_ANNOTATION] = "fake"
+        controller.state.nodes[name] = slim(node)
+    for turn in range(1, 4):
+        controller._write_kai(set(names))
+        assert len(core.patched) == turn  # one node a pass, at the least
+        for name in core.patched:  # what the node watch shows once written
+            controller.state.nodes[name][kainodes.READY] = True
+    assert core.patched == names
+    controller._write_kai(set(names))
+    assert core.patched == names  # nothing left: nothing written again
