@@ -14,7 +14,7 @@ from collections import defaultdict
 from functools import cache
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter import dcgm
@@ -22,10 +22,19 @@ from exporter.fields import canonical
 from exporter.generations import G483, G484, G490, G2022, Generation
 from exporter.series import apportion
 from tests.pipeline.test_generations import NOW
-from tests.support.base import run_cli
+from tests.support.base import examples, run_cli
 from tests.support.promtext import Series, duplicates, parse, promtool_findings
 from topology.configmap import parse_document
-from topology.model import NodeTopology
+from topology.model import (
+    AllocatedBy,
+    DeviceStatus,
+    Gpu,
+    NodeTopology,
+    PodUsage,
+    Replica,
+    Sharing,
+    Utilization,
+)
 
 PER_PROCESS = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL")
 
@@ -143,3 +152,34 @@ def test_apportion_keeps_values_within_the_device_and_adds_up_to_it(
     assert len(shares) == len(values)
     assert sum(shares) == min(sum(values), most)
     assert all(0 <= s <= v for s, v in zip(shares, values, strict=True))
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 100), st.integers(0, 100), st.integers(0, 90_000)),
+             min_size=1, max_size=6),
+    st.sampled_from([G483, G484, G490]),
+    st.integers(0, 10**6),
+)  # fmt: skip
+def test_any_pods_sharing_a_gpu_add_up_to_it_at_any_step(
+    pods: list[tuple[int, int, int]], g: Generation, step: int
+) -> None:
+    """Replicas of a time-sliced GPU with any usage (their sums past the GPU's memory and 100 %
+    included): each pod's own values are at most its use, and add up to the device's."""
+    usage = {f"u{i}": PodUsage(Utilization(min(a, b), max(a, b)), fb)
+             for i, (a, b, fb) in enumerate(pods)}  # fmt: skip
+    holders = [AllocatedBy("ns", f"p{i}", "c") for i in range(len(pods))]
+    replicas = tuple(Replica(i, h, f"u{i}") for i, h in enumerate(holders))
+    status = DeviceStatus(holders[0], usage, replicas)
+    node = NodeTopology(1, 81_920, "NVIDIA-H100-80GB-HBM3", gpus=(Gpu("GPU-1", status),),
+                        sharing=Sharing("time-slicing", len(pods) + 1))  # fmt: skip
+    series = served(node, g, NOW + 10 * step)
+    for family in PER_PROCESS:
+        copies = [s for s in series if canonical(s.name) == family]
+        (device,) = [s for s in copies if "pod" not in s.label_names]
+        own = {s.label("pod_uid"): s.value for s in copies if "pod" in s.label_names}
+        assert set(own) == set(usage)
+        scale = 100.0 if g is G490 and family == "DCGM_FI_DEV_GPU_UTIL" else 1.0
+        assert round(sum(own.values()) * scale) == round(device.value * scale)
+        if family == "DCGM_FI_DEV_FB_USED" and g is not G490:
+            assert all(own[uid] <= u.fb_used for uid, u in usage.items())
